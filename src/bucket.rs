@@ -1,0 +1,116 @@
+//! One bucket: a single atomic word and its compare-and-swap loop.
+
+use crate::error::Denial;
+use crate::gcra::{self, Quota};
+use crate::sync::{AtomicU64, Ordering};
+
+/// The word of a bucket that has been removed from its map.
+///
+/// A live word is at most `2 * (2^63 - 1)` (a timestamp plus a refill
+/// window), so `u64::MAX` is never a live value.
+pub(crate) const RETIRED: u64 = u64::MAX;
+
+/// Why a spend did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SpendError {
+    /// A plain denial; the word was not written.
+    Denied(Denial),
+    /// The bucket was retired (evicted) before this spend could land: the
+    /// caller must look the key up again.
+    Retired,
+}
+
+/// One key's token bucket.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    /// `full_at`: the instant, in nanoseconds of the caller's timeline, at
+    /// which this bucket holds `capacity` tokens again (see `gcra`). Values
+    /// `0..=2^64 - 2` are live and only ever grow; [`RETIRED`] marks a
+    /// bucket that eviction has taken out of its map, and is final.
+    full_at: AtomicU64,
+}
+
+impl Bucket {
+    /// A new bucket: full at every timestamp.
+    pub(crate) fn new() -> Self {
+        Self::with_word(0)
+    }
+
+    pub(crate) fn with_word(word: u64) -> Self {
+        Bucket {
+            full_at: AtomicU64::new(word),
+        }
+    }
+
+    /// Tries to spend `cost` tokens at `now`. Returns the new word.
+    ///
+    /// A denial returns after one load and writes nothing, so a key that is
+    /// hammered while empty keeps its cache line shared between cores.
+    pub(crate) fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
+        // Relaxed: the decision depends on this word alone, and no other
+        // memory is published through it. The compare-exchange below checks
+        // the value we decided on against the latest one in the word's
+        // modification order, so a stale load costs a retry, never a wrong
+        // decision.
+        let mut current = self.full_at.load(Ordering::Relaxed);
+        loop {
+            if current == RETIRED {
+                return Err(SpendError::Retired);
+            }
+            let next = gcra::decide(current, now, cost, quota).map_err(SpendError::Denied)?;
+            if next == current {
+                // Cost 0: admitted, nothing to write.
+                return Ok(current);
+            }
+            // Relaxed on success and failure: read-modify-writes on one
+            // location are totally ordered, so each admitted spend moves the
+            // word from exactly the value it was decided on; no spend is lost
+            // and none is counted twice. Nothing else needs to become visible.
+            match self.full_at.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(next),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The current word (possibly [`RETIRED`]).
+    pub(crate) fn word(&self) -> u64 {
+        // Relaxed: a snapshot for reporting; it orders nothing else.
+        self.full_at.load(Ordering::Relaxed)
+    }
+
+    /// Retires the bucket if it is full at `now`; returns whether it did.
+    ///
+    /// After a `true` return every later [`spend`](Self::spend) on this
+    /// bucket fails with [`SpendError::Retired`], so a spend racing with
+    /// eviction either lands before the retirement (and the bucket is then
+    /// not full, so it is kept) or is sent back to the map. No admitted
+    /// spend is ever swallowed.
+    pub(crate) fn try_retire(&self, now: u64) -> bool {
+        // Relaxed for the same reason as in `spend`: the compare-exchange
+        // alone decides which of a racing spend and the retirement wins.
+        let mut current = self.full_at.load(Ordering::Relaxed);
+        loop {
+            if current == RETIRED {
+                return false;
+            }
+            if !gcra::is_full(current, now) {
+                return false;
+            }
+            match self.full_at.compare_exchange_weak(
+                current,
+                RETIRED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}

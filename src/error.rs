@@ -1,0 +1,131 @@
+//! Errors: invalid configurations and the reasons a call is denied.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A rate or capacity that keyrate cannot represent exactly.
+///
+/// Returned by [`TokenBucketLimiter::try_new`](crate::TokenBucketLimiter::try_new)
+/// and [`Quota::new`](crate::Quota::new); its message says what was wrong and
+/// what is accepted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The rate is NaN, infinite, zero or negative.
+    RateNotPositive {
+        /// The rate given, in tokens per second.
+        rate: f64,
+    },
+    /// The rate is finite and positive but outside the accepted range:
+    /// one token takes less than 1 ns (above 1e9 tokens/s), or more than
+    /// `2^63` ns (about 292 years) to refill.
+    RateOutOfRange {
+        /// The rate given, in tokens per second.
+        rate: f64,
+    },
+    /// The capacity is zero: such a bucket could never admit anything.
+    ZeroCapacity,
+    /// Refilling an empty bucket to `capacity` takes longer than the
+    /// timestamp range (`2^63` ns, about 292 years).
+    WindowTooLong {
+        /// The capacity given, in tokens.
+        capacity: u64,
+        /// The rate given, in tokens per second.
+        rate: f64,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConfigError::RateNotPositive { rate } => write!(
+                f,
+                "invalid rate {rate}: the rate must be a finite number of tokens per second \
+                 greater than zero (accepted: about 1.1e-10 to 1e9)"
+            ),
+            ConfigError::RateOutOfRange { rate } => write!(
+                f,
+                "invalid rate {rate} tokens/s: accepted rates are from about 1.1e-10 \
+                 (one token per 2^63 ns) to 1e9 (one token per nanosecond)"
+            ),
+            ConfigError::ZeroCapacity => {
+                f.write_str("invalid capacity 0: the capacity must be at least 1 token")
+            }
+            ConfigError::WindowTooLong { capacity, rate } => write!(
+                f,
+                "invalid capacity {capacity} at rate {rate} tokens/s: refilling the bucket \
+                 would take longer than 2^63 ns (about 292 years); capacity / rate must be \
+                 at most about 9.2e9 seconds"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a call was not admitted.
+///
+/// Every variant is a plain denial: the bucket is left exactly as it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Denial {
+    /// The bucket does not hold `cost` tokens now; it will after
+    /// `retry_after` (if nothing else spends from it meanwhile).
+    InsufficientTokens {
+        /// How long until this cost would be admitted, to the nanosecond.
+        retry_after: Duration,
+    },
+    /// The cost is larger than the bucket's capacity: it can never be
+    /// admitted, however long the caller waits.
+    ExceedsCapacity {
+        /// The cost asked for.
+        cost: u64,
+        /// The bucket's capacity.
+        capacity: u64,
+    },
+    /// The timestamp was NaN, infinite, negative or beyond the accepted
+    /// range (see [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)).
+    InvalidTimestamp,
+}
+
+impl Denial {
+    /// The wait until the same call would be admitted, if waiting can help.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    /// use std::time::Duration;
+    ///
+    /// let limiter = TokenBucketLimiter::new(2.0, 1);
+    /// limiter.check("k", 0.0, 1).unwrap();
+    /// let denial = limiter.check("k", 0.0, 1).unwrap_err();
+    /// assert_eq!(denial.retry_after(), Some(Duration::from_millis(500)));
+    /// ```
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match *self {
+            Denial::InsufficientTokens { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Denial::InsufficientTokens { retry_after } => {
+                write!(f, "rate limited: retry after {retry_after:?}")
+            }
+            Denial::ExceedsCapacity { cost, capacity } => write!(
+                f,
+                "cost {cost} exceeds the bucket capacity {capacity}: it can never be admitted"
+            ),
+            Denial::InvalidTimestamp => f.write_str(
+                "invalid timestamp: expected finite, non-negative seconds below 2^63 ns",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Denial {}

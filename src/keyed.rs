@@ -1,0 +1,668 @@
+//! The per-key limiter: a sharded map from keys to buckets.
+
+use crate::bucket::{Bucket, SpendError};
+use crate::error::{ConfigError, Denial};
+use crate::gcra::{self, Quota};
+use crate::store::Map;
+use crate::sync::Arc;
+use crate::time::{nanos_from_clock, nanos_from_secs, Clock, MonotonicClock};
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+
+/// The default hasher: foldhash, seeded per limiter.
+///
+/// Keys arrive from the network, so the hasher must resist HashDoS; foldhash
+/// is seeded from a per-process random value and costs a few nanoseconds on
+/// a 40-byte key (SipHash, std's default, costs about four times as much).
+pub type DefaultHasher = foldhash::fast::RandomState;
+
+/// A map value: the bucket inline, or shared with live [`BucketHandle`]s.
+enum Slot {
+    Inline(Bucket),
+    Shared(Arc<Bucket>),
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot::Inline(Bucket::new())
+    }
+
+    fn bucket(&self) -> &Bucket {
+        match self {
+            Slot::Inline(bucket) => bucket,
+            Slot::Shared(bucket) => bucket,
+        }
+    }
+}
+
+/// A per-key token-bucket rate limiter, shared by reference between threads.
+///
+/// Each key has its own bucket of up to `capacity` tokens, refilled at
+/// `rate` tokens per second; a call of cost `n` is admitted if the bucket
+/// holds at least `n` tokens, and then spends them. A new key starts full.
+/// Timestamps are `f64` seconds on any timeline the caller chooses (they
+/// only need to be consistent per key), rounded to whole nanoseconds.
+///
+/// All methods take `&self`: share the limiter with an [`Arc`](std::sync::Arc)
+/// or a `static`.
+///
+/// # Locking behaviour
+///
+/// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds one shard's read lock while
+/// it updates the key's bucket with a compare-and-swap; only the first call
+/// for a key (and eviction) takes a shard's write lock. No method calls back
+/// into user code while holding a lock, so no method can deadlock another.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::TokenBucketLimiter;
+///
+/// let limiter = TokenBucketLimiter::new(1.0, 3);
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(!limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 2.0));
+/// ```
+pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
+    quota: Quota,
+    buckets: Map<K, Slot, S>,
+    /// Read by the `*_now` methods only.
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl TokenBucketLimiter<String, DefaultHasher> {
+    /// Makes a limiter for `String` keys: `capacity` tokens per key,
+    /// refilled at `rate` tokens per second.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`ConfigError`]'s message when the configuration is
+    /// invalid; see [`try_new`](Self::try_new) for what is accepted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(10.0, 20);
+    /// assert!(limiter.allow("sk_live_0123", 0.0));
+    /// ```
+    #[must_use]
+    pub fn new(rate: f64, capacity: u64) -> Self {
+        match Self::try_new(rate, capacity) {
+            Ok(limiter) => limiter,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Makes a limiter for `String` keys, or says why the configuration is
+    /// invalid.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when `rate` is NaN, infinite or not above zero, when
+    /// it is outside about `1.1e-10..=1e9` tokens per second, when
+    /// `capacity` is zero, or when `capacity / rate` exceeds about 292 years.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ConfigError, TokenBucketLimiter};
+    ///
+    /// let err = TokenBucketLimiter::try_new(f64::NAN, 3).unwrap_err();
+    /// assert!(matches!(err, ConfigError::RateNotPositive { .. }));
+    /// assert!(err.to_string().contains("greater than zero"));
+    /// ```
+    pub fn try_new(rate: f64, capacity: u64) -> Result<Self, ConfigError> {
+        Ok(Self::with_quota(Quota::new(rate, capacity)?))
+    }
+}
+
+impl<K: Hash + Eq> TokenBucketLimiter<K, DefaultHasher> {
+    /// Makes a limiter for any key type, such as `u64` tenant ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::<u64>::with_quota(Quota::new(5.0, 2).unwrap());
+    /// assert!(limiter.allow(&42, 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_quota(quota: Quota) -> Self {
+        Self::with_quota_and_hasher(quota, DefaultHasher::default())
+    }
+}
+
+impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Makes a limiter for any key type with a hasher of your choice.
+    ///
+    /// Keys usually come from the network: prefer a seeded, HashDoS-resistant
+    /// hasher.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    /// use std::collections::hash_map::RandomState;
+    ///
+    /// let quota = Quota::new(1.0, 1).unwrap();
+    /// let limiter: TokenBucketLimiter<String, RandomState> =
+    ///     TokenBucketLimiter::with_quota_and_hasher(quota, RandomState::new());
+    /// assert!(limiter.allow("k", 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
+        TokenBucketLimiter {
+            quota,
+            buckets: Map::with_hasher(hasher),
+            clock: std::sync::Arc::new(MonotonicClock::new()),
+        }
+    }
+
+    /// Replaces the clock read by the `*_now` methods (by default a
+    /// [`MonotonicClock`] started when the limiter was made).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ManualClock, TokenBucketLimiter};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = TokenBucketLimiter::new(1.0, 1).with_clock(clock.clone());
+    /// assert!(limiter.allow_now("k"));
+    /// assert!(!limiter.allow_now("k"));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.allow_now("k"));
+    /// ```
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// The limiter's clock reading, in seconds, as the `*_now` methods use it.
+    #[must_use]
+    pub fn now(&self) -> f64 {
+        self.clock.now().as_secs_f64()
+    }
+
+    /// [`allow`](Self::allow) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_now<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.allow_n_now(key, 1)
+    }
+
+    /// [`allow_n`](Self::allow_n) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_n_now<Q>(&self, key: &Q, cost: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_now(key, cost).is_ok()
+    }
+
+    /// [`check`](Self::check) at the limiter's clock reading.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check); [`Denial::InvalidTimestamp`] only if the
+    /// clock reads beyond [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
+    pub fn check_now<Q>(&self, key: &Q, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = nanos_from_clock(&*self.clock).ok_or(Denial::InvalidTimestamp)?;
+        self.check_nanos(key, now, cost)
+    }
+
+    /// [`remaining`](Self::remaining) at the limiter's clock reading.
+    #[must_use]
+    pub fn remaining_now<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.remaining_nanos(key, nanos_from_clock(&*self.clock)?)
+    }
+
+    /// The quota every key's bucket follows.
+    #[must_use]
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The number of buckets held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert!(limiter.is_empty());
+    /// let _ = limiter.allow("a", 0.0);
+    /// assert_eq!(limiter.len(), 1);
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Whether no bucket is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.buckets.len() == 0
+    }
+
+    /// Spends one token from `key`'s bucket at `timestamp` (seconds), if it
+    /// holds one. Returns whether the call is admitted.
+    ///
+    /// An invalid timestamp (NaN, infinite, negative, or beyond
+    /// [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)) is denied and
+    /// changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// assert!(limiter.allow("k", 0.0));
+    /// assert!(!limiter.allow("k", 0.5));
+    /// assert!(limiter.allow("k", 1.0));
+    /// assert!(!limiter.allow("k", f64::NAN));
+    /// ```
+    #[must_use]
+    pub fn allow<Q>(&self, key: &Q, timestamp: f64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.allow_n(key, timestamp, 1)
+    }
+
+    /// Spends `cost` tokens from `key`'s bucket at `timestamp`, if it holds
+    /// that many. Returns whether the call is admitted.
+    ///
+    /// Cost 0 is always admitted (for a valid timestamp) and changes nothing;
+    /// a cost above the capacity is never admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert!(limiter.allow_n("k", 0.0, 3));
+    /// assert!(!limiter.allow_n("k", 0.0, 1));
+    /// assert!(!limiter.allow_n("k", 100.0, 4));
+    /// ```
+    #[must_use]
+    pub fn allow_n<Q>(&self, key: &Q, timestamp: f64, cost: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match nanos_from_secs(timestamp) {
+            Some(now) => self.spend(key, now, cost).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
+    /// denied call was denied. On success returns the whole tokens left.
+    ///
+    /// # Errors
+    ///
+    /// - [`Denial::InsufficientTokens`] with the exact wait until this cost
+    ///   would be admitted (for a `Retry-After` header);
+    /// - [`Denial::ExceedsCapacity`] when `cost > capacity`;
+    /// - [`Denial::InvalidTimestamp`] for a timestamp that is not finite,
+    ///   negative, or out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Denial, TokenBucketLimiter};
+    /// use std::time::Duration;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert_eq!(limiter.check("k", 0.0, 2), Ok(1));
+    /// assert_eq!(
+    ///     limiter.check("k", 0.0, 2),
+    ///     Err(Denial::InsufficientTokens { retry_after: Duration::from_secs(1) })
+    /// );
+    /// assert!(matches!(limiter.check("k", 0.0, 9), Err(Denial::ExceedsCapacity { .. })));
+    /// assert_eq!(limiter.check("k", -1.0, 1), Err(Denial::InvalidTimestamp));
+    /// ```
+    pub fn check<Q>(&self, key: &Q, timestamp: f64, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = nanos_from_secs(timestamp).ok_or(Denial::InvalidTimestamp)?;
+        self.check_nanos(key, now, cost)
+    }
+
+    fn check_nanos<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let word = self.spend(key, now, cost)?;
+        Ok(gcra::tokens_at(word, now, &self.quota))
+    }
+
+    /// The whole tokens `key` holds at `timestamp`, without spending any
+    /// (for a `RateLimit-Remaining` header). A key never seen holds
+    /// `capacity`; no bucket is created. `None` for an invalid timestamp.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert_eq!(limiter.remaining("k", 0.0), Some(3));
+    /// assert!(limiter.allow_n("k", 0.0, 2));
+    /// assert_eq!(limiter.remaining("k", 0.0), Some(1));
+    /// assert_eq!(limiter.remaining("k", 1.5), Some(2));
+    /// assert_eq!(limiter.remaining("k", f64::INFINITY), None);
+    /// ```
+    #[must_use]
+    pub fn remaining<Q>(&self, key: &Q, timestamp: f64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.remaining_nanos(key, nanos_from_secs(timestamp)?)
+    }
+
+    fn remaining_nanos<Q>(&self, key: &Q, now: u64) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let word = self
+            .buckets
+            .read(key, |slot| slot.bucket().word())
+            .unwrap_or(0);
+        if word == crate::bucket::RETIRED {
+            // Retired buckets are full by construction.
+            return Some(self.quota.capacity());
+        }
+        Some(gcra::tokens_at(word, now, &self.quota))
+    }
+
+    /// Spends from `key`'s bucket at `now` (validated nanoseconds).
+    fn spend<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        loop {
+            // Fast path: the key exists. The shard read lock is held while
+            // the bucket's compare-and-swap runs, and released before any
+            // other call on the map.
+            let fast = self
+                .buckets
+                .read(key, |slot| slot.bucket().spend(now, cost, &self.quota));
+            match fast {
+                Some(Ok(word)) => return Ok(word),
+                Some(Err(SpendError::Denied(denial))) => return Err(denial),
+                Some(Err(SpendError::Retired)) | None => {}
+            }
+            // A call that would change nothing on a full bucket (cost 0) or
+            // be denied even there (cost > capacity) creates no bucket.
+            match gcra::decide(0, now, cost, &self.quota) {
+                Ok(0) => return Ok(0),
+                Ok(_) => {}
+                Err(denial) => return Err(denial),
+            }
+            // Slow path: first call for this key. The write lock makes two
+            // racing first calls end up on the same bucket.
+            let slow = self.buckets.write(key, Slot::new, |slot| {
+                slot.bucket().spend(now, cost, &self.quota)
+            });
+            match slow {
+                Ok(word) => return Ok(word),
+                Err(SpendError::Denied(denial)) => return Err(denial),
+                // Retired buckets are removed under the write lock we held,
+                // so this cannot happen; looking the key up again is right
+                // if it ever does.
+                Err(SpendError::Retired) => {}
+            }
+        }
+    }
+
+    /// A handle on `key`'s bucket that spends with no map lookup, for a
+    /// connection that resolves its API key once and then spends on every
+    /// message. It shares the bucket with keyed calls on the same key.
+    ///
+    /// A bucket with a live handle is never evicted, so the handle stays
+    /// valid however long it lives; once every handle is dropped, the bucket
+    /// is evicted like any other.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes the shard's write lock once; the handle's own calls take no
+    /// lock at all.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 2);
+    /// let handle = limiter.bucket("sk_live_abc");
+    /// assert!(handle.allow(0.0));
+    /// assert!(limiter.allow("sk_live_abc", 0.0));
+    /// assert!(!handle.allow(0.0));
+    /// ```
+    #[must_use]
+    pub fn bucket<Q>(&self, key: &Q) -> BucketHandle
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let bucket = self.buckets.write(key, Slot::new, |slot| match slot {
+            Slot::Shared(bucket) => Arc::clone(bucket),
+            Slot::Inline(bucket) => {
+                // Under the write lock no spend is in flight on the inline
+                // word, so moving its value loses nothing.
+                let shared = Arc::new(Bucket::with_word(bucket.word()));
+                *slot = Slot::Shared(Arc::clone(&shared));
+                shared
+            }
+        });
+        BucketHandle {
+            quota: self.quota,
+            bucket,
+            clock: std::sync::Arc::clone(&self.clock),
+        }
+    }
+
+    /// Removes every bucket that is full at `timestamp` and has no live
+    /// [`BucketHandle`]; returns how many were removed.
+    ///
+    /// A full bucket is indistinguishable from a key never seen, so this
+    /// changes no later decision made at or after `timestamp`. An invalid
+    /// timestamp removes nothing.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes each shard's write lock in turn.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert!(limiter.allow("a", 0.0));
+    /// assert!(limiter.allow("b", 0.0));
+    /// assert!(limiter.allow("b", 0.0));
+    /// assert_eq!(limiter.sweep(1.0), 1); // "a" is full again at 1 s
+    /// assert_eq!(limiter.len(), 1);
+    /// assert_eq!(limiter.sweep(2.0), 1);
+    /// assert!(limiter.is_empty());
+    /// ```
+    pub fn sweep(&self, timestamp: f64) -> usize {
+        let Some(now) = nanos_from_secs(timestamp) else {
+            return 0;
+        };
+        let before = self.buckets.len();
+        self.buckets.retain(|slot| !retire(slot, now));
+        before.saturating_sub(self.buckets.len())
+    }
+
+    /// Releases memory the map no longer needs after a sweep.
+    pub fn shrink_to_fit(&self) {
+        self.buckets.shrink_to_fit();
+    }
+}
+
+/// Retires `slot`'s bucket if it may be dropped at `now`.
+fn retire(slot: &Slot, now: u64) -> bool {
+    match slot {
+        Slot::Inline(bucket) => bucket.try_retire(now),
+        // A live handle keeps its bucket. The count cannot rise while the
+        // caller holds the shard's write lock: new handles are made under it.
+        Slot::Shared(bucket) => Arc::strong_count(bucket) == 1 && bucket.try_retire(now),
+    }
+}
+
+impl<K, S> fmt::Debug for TokenBucketLimiter<K, S>
+where
+    K: Hash + Eq,
+    S: BuildHasher + Clone,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenBucketLimiter")
+            .field("quota", &self.quota)
+            .field("buckets", &self.buckets.len())
+            .finish()
+    }
+}
+
+/// One key's bucket, held by a long-lived caller such as a connection.
+///
+/// Made by [`TokenBucketLimiter::bucket`]. Cloning a handle shares the same
+/// bucket.
+#[derive(Debug, Clone)]
+pub struct BucketHandle {
+    quota: Quota,
+    bucket: Arc<Bucket>,
+    /// The limiter's clock, for the `*_now` methods.
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl BucketHandle {
+    /// Spends one token at `timestamp` if the bucket holds one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let handle = limiter.bucket("k");
+    /// assert!(handle.allow(0.0));
+    /// assert!(!handle.allow(0.0));
+    /// ```
+    #[must_use]
+    pub fn allow(&self, timestamp: f64) -> bool {
+        self.allow_n(timestamp, 1)
+    }
+
+    /// Spends `cost` tokens at `timestamp` if the bucket holds that many.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert!(handle.allow_n(0.0, 3));
+    /// assert!(!handle.allow_n(0.0, 1));
+    /// ```
+    #[must_use]
+    pub fn allow_n(&self, timestamp: f64, cost: u64) -> bool {
+        self.check(timestamp, cost).is_ok()
+    }
+
+    /// Spends `cost` tokens at `timestamp`, or says why not; on success
+    /// returns the whole tokens left.
+    ///
+    /// # Errors
+    ///
+    /// The same [`Denial`]s as [`TokenBucketLimiter::check`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.check(0.0, 1), Ok(2));
+    /// ```
+    pub fn check(&self, timestamp: f64, cost: u64) -> Result<u64, Denial> {
+        let now = nanos_from_secs(timestamp).ok_or(Denial::InvalidTimestamp)?;
+        self.check_nanos(now, cost)
+    }
+
+    /// [`allow`](Self::allow) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_now(&self) -> bool {
+        self.check_now(1).is_ok()
+    }
+
+    /// [`check`](Self::check) at the limiter's clock reading.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
+        let now = nanos_from_clock(&*self.clock).ok_or(Denial::InvalidTimestamp)?;
+        self.check_nanos(now, cost)
+    }
+
+    fn check_nanos(&self, now: u64, cost: u64) -> Result<u64, Denial> {
+        match self.bucket.spend(now, cost, &self.quota) {
+            Ok(word) => Ok(gcra::tokens_at(word, now, &self.quota)),
+            Err(SpendError::Denied(denial)) => Err(denial),
+            // Unreachable: eviction never retires a bucket that a live handle
+            // shares (see `retire`). Fail closed rather than panic.
+            Err(SpendError::Retired) => Err(Denial::InvalidTimestamp),
+        }
+    }
+
+    /// The whole tokens the bucket holds at `timestamp`, without spending;
+    /// `None` for an invalid timestamp.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.remaining(0.0), Some(3));
+    /// ```
+    #[must_use]
+    pub fn remaining(&self, timestamp: f64) -> Option<u64> {
+        let now = nanos_from_secs(timestamp)?;
+        Some(gcra::tokens_at(self.bucket.word(), now, &self.quota))
+    }
+}

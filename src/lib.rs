@@ -1,0 +1,56 @@
+//! keyrate: a per-key, lock-free token-bucket rate limiter for servers.
+//!
+//! Each key's bucket holds up to `capacity` tokens and refills continuously
+//! at `rate` tokens per second; each admitted call spends `cost` tokens
+//! (default 1). A new key starts full. Refill is computed from elapsed time
+//! on each call: no background thread, O(1) per call however long a key was
+//! idle. Each bucket is one atomic word updated with compare-and-swap, so
+//! any number of threads can call [`TokenBucketLimiter::allow`] at once.
+//!
+//! ```
+//! use keyrate::TokenBucketLimiter;
+//!
+//! let limiter = TokenBucketLimiter::new(1.0, 3); // rate: tokens/s, capacity: tokens
+//! assert!(limiter.allow("key1", 0.0)); // timestamp: seconds
+//! assert!(limiter.allow("key1", 0.0));
+//! assert!(limiter.allow("key1", 0.0));
+//! assert!(!limiter.allow("key1", 0.0));
+//! assert!(limiter.allow("key1", 2.0));
+//! assert!(!limiter.allow_n("key1", 2.0, 2)); // cost
+//! let err = TokenBucketLimiter::try_new(f64::NAN, 3);
+//! assert!(err.is_err());
+//! println!("{}", err.unwrap_err()); // says what is wrong and what is accepted
+//! ```
+//!
+//! # Semantics
+//!
+//! - Timestamps are `f64` seconds, rounded to the nearest nanosecond, from
+//!   0 up to [`MAX_TIMESTAMP_NANOS`] (`2^63 - 1` ns, about 292 years).
+//!   NaN, infinite, negative or larger timestamps are denied and change
+//!   nothing.
+//! - Decisions equal an exact model of the token bucket evaluated at those
+//!   nanoseconds, except that an admitted call of cost `n` uses up
+//!   `ceil(n * 1e9 / rate)` nanoseconds of refill: less than 1 ns more than
+//!   exact, and only when `1e9 / rate` is not a whole number. keyrate is
+//!   never more lenient than the exact model.
+//! - Time that runs backwards never creates tokens: a call stamped earlier
+//!   than the bucket's last update sees the bucket as it was at that
+//!   earlier instant, with every later spend already charged. A bucket's
+//!   state only moves forward.
+//! - Cost 0 is always admitted and changes nothing; a cost above the
+//!   capacity is never admitted ([`Denial::ExceedsCapacity`]).
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+mod bucket;
+mod error;
+mod gcra;
+mod keyed;
+mod store;
+mod sync;
+mod time;
+
+pub use crate::error::{ConfigError, Denial};
+pub use crate::gcra::Quota;
+pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
+pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};

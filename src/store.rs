@@ -1,0 +1,114 @@
+//! The keyed store: a concurrent map from keys to values, used only through
+//! the handful of operations below.
+//!
+//! The production map is a sharded [`DashMap`](dashmap::DashMap). Under
+//! `cfg(loom)` it is replaced by one `loom` read-write lock around a
+//! `HashMap`, standing in for a single shard: loom cannot see DashMap's own
+//! locks, and would report false races through them. The model assumes what
+//! DashMap documents: `read` runs under a shard read lock, and `write` and
+//! `retain` under the shard's write lock, so a `write` or `retain` on a key
+//! never overlaps a `read` of the same key.
+
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+#[cfg(not(loom))]
+pub(crate) struct Map<K, V, S> {
+    inner: dashmap::DashMap<K, V, S>,
+}
+
+#[cfg(not(loom))]
+impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
+    pub(crate) fn with_hasher(hasher: S) -> Self {
+        Map {
+            inner: dashmap::DashMap::with_hasher(hasher),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Runs `f` on `key`'s value, if present, under the shard's read lock.
+    pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.get(key).map(|value| f(&value))
+    }
+
+    /// Runs `f` on `key`'s value under the shard's write lock, inserting
+    /// `init()` first if the key is absent. The key is cloned only here.
+    pub(crate) fn write<Q, R>(
+        &self,
+        key: &Q,
+        init: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut value = self.inner.entry(key.to_owned()).or_insert_with(init);
+        f(&mut value)
+    }
+
+    /// Keeps the values for which `keep` returns true, each shard under its
+    /// write lock.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+        self.inner.retain(|_, value| keep(value));
+    }
+
+    pub(crate) fn shrink_to_fit(&self) {
+        self.inner.shrink_to_fit();
+    }
+}
+
+#[cfg(loom)]
+pub(crate) struct Map<K, V, S> {
+    inner: loom::sync::RwLock<std::collections::HashMap<K, V, S>>,
+}
+
+#[cfg(loom)]
+impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
+    pub(crate) fn with_hasher(hasher: S) -> Self {
+        Map {
+            inner: loom::sync::RwLock::new(std::collections::HashMap::with_hasher(hasher)),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.inner.read().unwrap().len()
+    }
+
+    pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.read().unwrap().get(key).map(f)
+    }
+
+    pub(crate) fn write<Q, R>(
+        &self,
+        key: &Q,
+        init: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut map = self.inner.write().unwrap();
+        f(map.entry(key.to_owned()).or_insert_with(init))
+    }
+
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+        self.inner.write().unwrap().retain(|_, value| keep(value));
+    }
+
+    pub(crate) fn shrink_to_fit(&self) {
+        self.inner.write().unwrap().shrink_to_fit();
+    }
+}
