@@ -2,7 +2,7 @@
 //!
 //! Every timestamp that reaches the decision function has been through
 //! [`nanos_from_secs`]: finite, non-negative, rounded to the nearest whole
-//! nanosecond (ties away from zero), and at most [`MAX_TIMESTAMP_NANOS`].
+//! nanosecond (ties to even), and at most [`MAX_TIMESTAMP_NANOS`].
 //! [`Clock`] supplies timestamps to the methods that read the time
 //! themselves.
 
@@ -21,33 +21,11 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 /// Converts a timestamp in seconds to whole nanoseconds, exactly.
 ///
 /// Returns `None` for NaN, infinities, negative values and values above
-/// [`MAX_TIMESTAMP_NANOS`]. Rounding is to the nearest nanosecond, computed
-/// from the exact binary value of `secs` (no intermediate `f64` product).
+/// [`MAX_TIMESTAMP_NANOS`]. Rounding is to the nearest nanosecond (ties to
+/// even), computed by [`Duration::try_from_secs_f64`] from the exact binary
+/// value of `secs`, with no intermediate `f64` product.
 pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
-    if !secs.is_finite() || secs < 0.0 {
-        return None;
-    }
-    if secs == 0.0 {
-        return Some(0);
-    }
-    let (mantissa, exponent) = decompose(secs);
-    // secs = mantissa * 2^exponent, mantissa < 2^53; nanos = secs * 1e9.
-    let scaled = u128::from(mantissa) * 1_000_000_000; // < 2^83
-    let nanos = if exponent >= 0 {
-        // Anything above 2^63 ns is rejected; 2^83 << 45 would overflow.
-        if exponent > 63 {
-            return None;
-        }
-        scaled.checked_shl(exponent as u32)?
-    } else {
-        let shift = exponent.unsigned_abs();
-        if shift > 100 {
-            // secs * 1e9 < 2^83 / 2^101 < 0.5: rounds to zero.
-            0
-        } else {
-            (scaled + (1u128 << (shift - 1))) >> shift
-        }
-    };
+    let nanos = Duration::try_from_secs_f64(secs).ok()?.as_nanos();
     u64::try_from(nanos)
         .ok()
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
@@ -193,6 +171,9 @@ mod tests {
         assert_eq!(nanos_from_secs(1e-9), Some(1));
         assert_eq!(nanos_from_secs(0.4e-9), Some(0));
         assert_eq!(nanos_from_secs(0.6e-9), Some(1));
+        // Exact ties (1/1024 s = 976_562.5 ns) go to the even nanosecond.
+        assert_eq!(nanos_from_secs(1.0 / 1024.0), Some(976_562));
+        assert_eq!(nanos_from_secs(3.0 / 1024.0), Some(2_929_688));
         assert_eq!(nanos_from_secs(f64::MIN_POSITIVE), Some(0));
         assert_eq!(nanos_from_secs(5e-324), Some(0));
         // 0.1 is slightly above 1/10 in binary; still 100 ms to the ns.
