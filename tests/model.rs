@@ -1,0 +1,198 @@
+//! Model-based property tests: keyrate's decisions equal an exact integer
+//! model of the seed's semantics on random traces.
+#![cfg(not(loom))]
+
+mod common;
+
+use common::model::{as_secs, Model, Outcome};
+use keyrate::{Denial, Quota, TokenBucketLimiter};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+/// Rates as exact fractions `num / den`: whole and fractional intervals.
+const RATES: &[(u64, u64)] = &[
+    (1, 1),           // 1/s: 1 s per token
+    (3, 1),           // 3/s: 333_333_333.3 ns per token
+    (1, 4),           // 0.25/s: 4 s per token
+    (7, 2),           // 3.5/s: 285_714_285.7 ns per token
+    (10, 1),          // 10/s
+    (3, 8),           // 0.375/s: 2_666_666_666.6 ns per token
+    (1000, 1),        // 1000/s: 1 ms per token
+    (13, 16),         // 0.8125/s
+    (1_000_000, 1),   // 1e6/s: 1 us per token
+    (999_999_937, 1), // a prime near 1e9/s: ~1.00000006 ns per token
+];
+
+const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Same,
+    OneNano,
+    SubInterval(u64),
+    OneInterval,
+    LongIdle(u64),
+    Random(u64),
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    key: usize,
+    step: Step,
+    cost: u64,
+    via_handle: bool,
+    sweep: bool,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => Just(Step::Same),
+        1 => Just(Step::OneNano),
+        3 => any::<u64>().prop_map(Step::SubInterval),
+        2 => Just(Step::OneInterval),
+        1 => any::<u64>().prop_map(Step::LongIdle),
+        2 => any::<u64>().prop_map(Step::Random),
+    ]
+}
+
+fn ops(capacity: u64) -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        (
+            0usize..3,
+            step(),
+            0..=capacity + 2,
+            prop::bool::weighted(0.2),
+            prop::bool::weighted(0.05),
+        )
+            .prop_map(|(key, step, cost, via_handle, sweep)| Op {
+                key,
+                step,
+                cost,
+                via_handle,
+                sweep,
+            }),
+        1..120,
+    )
+}
+
+fn case() -> impl Strategy<Value = ((u64, u64), u64, bool, Vec<Op>)> {
+    (0..RATES.len(), 1u64..=12, any::<bool>()).prop_flat_map(|(r, capacity, unix)| {
+        (Just(RATES[r]), Just(capacity), Just(unix), ops(capacity))
+    })
+}
+
+fn advance(now: u64, step: &Step, model: &Model) -> u64 {
+    let interval = model.spend_ns(1);
+    let window = model.spend_ns(model.capacity());
+    now + match *step {
+        Step::Same => 0,
+        Step::OneNano => 1,
+        Step::SubInterval(x) => x % interval.max(1),
+        Step::OneInterval => interval,
+        Step::LongIdle(x) => 10 * window + x % window,
+        Step::Random(x) => x % (2 * window),
+    }
+}
+
+fn run_trace(
+    (num, den): (u64, u64),
+    capacity: u64,
+    unix: bool,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let rate = num as f64 / den as f64;
+    let limiter = TokenBucketLimiter::new(rate, capacity);
+    let mut model = Model::rounded(num, den, capacity);
+    let mut exact = Model::exact(num, den, capacity);
+    let keys = ["sk_live_a", "sk_live_b", "sk_live_c"];
+    let handles: Vec<_> = keys.iter().map(|k| limiter.bucket(*k)).collect();
+    let mut admitted: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+    let mut now = if unix { EPOCH_UNIX } else { 0 };
+    for op in ops {
+        now = advance(now, &op.step, &model);
+        let (secs, seen) = as_secs(now);
+        let key = keys[op.key];
+        let got = if op.via_handle {
+            handles[op.key].check(secs, op.cost)
+        } else {
+            limiter.check(key, secs, op.cost)
+        };
+        let want = model.call(key, seen, op.cost);
+        let got_outcome = match got {
+            Ok(remaining) => Outcome::Admitted { remaining },
+            Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
+                retry_ns: retry_after.as_nanos() as u64,
+            },
+            Err(Denial::ExceedsCapacity { cost, capacity: c }) => {
+                prop_assert_eq!((cost, c), (op.cost, capacity));
+                Outcome::ExceedsCapacity
+            }
+            Err(other) => return Err(TestCaseError::fail(format!("unexpected {other:?}"))),
+        };
+        prop_assert_eq!(got_outcome, want, "op {:?} at {} ns", op, seen);
+        if model.interval_is_whole() {
+            prop_assert_eq!(exact.call(key, seen, op.cost), want, "exact model");
+        }
+        if let Outcome::Admitted { .. } = want {
+            if op.cost > 0 {
+                admitted.entry(op.key).or_default().push((seen, op.cost));
+            }
+        }
+        prop_assert_eq!(
+            limiter.remaining(key, secs),
+            Some(model.remaining(key, seen))
+        );
+        if op.sweep {
+            // Sweeping at the current time changes no later decision.
+            limiter.sweep(secs);
+        }
+    }
+    for history in admitted.values() {
+        prop_assert!(exact.within_budget(history), "over budget: {history:?}");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1500))]
+
+    #[test]
+    fn decisions_equal_the_exact_model((rate, capacity, unix, ops) in case()) {
+        run_trace(rate, capacity, unix, &ops)?;
+    }
+
+    #[test]
+    fn bucket_count_matches_the_model(
+        (rate, capacity, _unix, ops) in case()
+    ) {
+        // Without handles or sweeps a bucket exists exactly for the keys
+        // with an admitted positive-cost call.
+        let limiter = TokenBucketLimiter::new(rate.0 as f64 / rate.1 as f64, capacity);
+        let mut model = Model::rounded(rate.0, rate.1, capacity);
+        let mut now = 0;
+        for op in &ops {
+            now = advance(now, &op.step, &model);
+            let (secs, seen) = as_secs(now);
+            let key = format!("k{}", op.key);
+            let _ = limiter.allow_n(key.as_str(), secs, op.cost);
+            model.call(&key, seen, op.cost);
+            prop_assert_eq!(limiter.len(), model.len());
+        }
+    }
+}
+
+#[test]
+fn model_catches_an_over_admitting_limiter() {
+    // The budget check itself can fail: 4 tokens in the same instant with
+    // capacity 3 is over budget.
+    let model = Model::exact(1, 1, 3);
+    assert!(!model.within_budget(&[(0, 1), (0, 1), (0, 1), (0, 1)]));
+    assert!(model.within_budget(&[(0, 1), (0, 1), (0, 1), (1_000_000_000, 1)]));
+}
+
+#[test]
+fn quota_accepts_every_model_rate() {
+    for &(num, den) in RATES {
+        assert!(Quota::new(num as f64 / den as f64, 12).is_ok());
+    }
+}
