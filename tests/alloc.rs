@@ -1,0 +1,57 @@
+//! Lookups of an existing key allocate nothing; the key is cloned only when
+//! its bucket is created.
+#![cfg(not(loom))]
+
+use keyrate::TokenBucketLimiter;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+/// Counts allocations made by the current thread.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    let before = ALLOCATIONS.with(Cell::get);
+    f();
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+#[test]
+fn existing_keys_are_looked_up_without_allocating() {
+    let limiter = TokenBucketLimiter::new(1000.0, 1_000_000);
+    let key = String::from("sk_live_0123456789abcdef0123456789abcdef");
+    // Warm up: the first call creates the bucket (and clones the key).
+    assert!(limiter.allow(key.as_str(), 0.0));
+    let n = allocations_during(|| {
+        for i in 0..1000 {
+            assert!(limiter.allow(key.as_str(), f64::from(i) * 1e-3));
+            assert!(limiter.check(key.as_str(), 1.0, 2).is_ok());
+            assert!(limiter.remaining(key.as_str(), 1.0).is_some());
+        }
+    });
+    assert_eq!(n, 0, "lookups of an existing key allocated");
+    // Denials and never-admissible calls for unseen keys allocate nothing.
+    let n = allocations_during(|| {
+        assert!(!limiter.allow(key.as_str(), f64::NAN));
+        assert!(!limiter.allow_n("unseen", 0.0, 2_000_000));
+        assert!(limiter.allow_n("unseen", 0.0, 0));
+    });
+    assert_eq!(n, 0);
+    assert_eq!(limiter.len(), 1);
+}

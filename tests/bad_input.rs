@@ -1,0 +1,159 @@
+//! Bad input is a plain denial that changes nothing: after any bad call, a
+//! bucket behaves exactly like one that never saw it.
+#![cfg(not(loom))]
+
+use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
+use proptest::prelude::*;
+
+const BAD_TIMESTAMPS: &[f64] = &[
+    f64::NAN,
+    -f64::NAN,
+    f64::INFINITY,
+    f64::NEG_INFINITY,
+    -1e-9,
+    -1.0,
+    -1e300,
+    9_223_372_036.854_776, // just past 2^63 - 1 ns
+    1e19,
+    f64::MAX,
+];
+
+#[test]
+fn bad_timestamps_are_denied_and_create_nothing() {
+    let limiter = TokenBucketLimiter::new(1.0, 3);
+    for &t in BAD_TIMESTAMPS {
+        for cost in [0, 1, 3, 4, u64::MAX] {
+            assert!(!limiter.allow_n("k", t, cost), "{t} {cost}");
+            assert_eq!(limiter.check("k", t, cost), Err(Denial::InvalidTimestamp));
+        }
+        assert!(!limiter.allow("k", t));
+        assert_eq!(limiter.remaining("k", t), None);
+        assert_eq!(limiter.sweep(t), 0);
+        let handle = limiter.bucket("h");
+        assert_eq!(handle.check(t, 1), Err(Denial::InvalidTimestamp));
+        assert_eq!(handle.remaining(t), None);
+    }
+    assert_eq!(limiter.len(), 1, "only the handle's bucket exists");
+    assert_eq!(limiter.remaining("k", 0.0), Some(3));
+    assert_eq!(limiter.remaining("h", 0.0), Some(3));
+}
+
+#[test]
+fn the_largest_timestamp_is_accepted() {
+    let limiter = TokenBucketLimiter::new(1.0, 3);
+    // The f64 nearest below 2^63 - 1 ns (f64 spacing there is ~1.9 us).
+    let last = 9_223_372_036.854_77;
+    assert!(last * 1e9 < MAX_TIMESTAMP_NANOS as f64);
+    assert!(limiter.allow("k", last));
+    assert_eq!(limiter.remaining("k", last), Some(2));
+}
+
+#[test]
+fn absurd_costs_are_plain_denials() {
+    let limiter = TokenBucketLimiter::new(1e9, 1 << 62);
+    for cost in [(1 << 62) + 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+        assert_eq!(
+            limiter.check("k", 1.0, cost),
+            Err(Denial::ExceedsCapacity {
+                cost,
+                capacity: 1 << 62
+            })
+        );
+    }
+    assert!(limiter.is_empty());
+    // The largest admissible cost still works, and only once.
+    assert!(limiter.allow_n("k", 1.0, 1 << 62));
+    assert!(!limiter.allow("k", 1.0));
+}
+
+/// One call of a trace: a good call, or a bad one injected before it.
+#[derive(Debug, Clone)]
+struct Call {
+    key: u8,
+    dt_ms: u64,
+    cost: u64,
+    bad: Option<(usize, u64)>,
+}
+
+fn calls() -> impl Strategy<Value = Vec<Call>> {
+    prop::collection::vec(
+        (
+            0u8..3,
+            0u64..1500,
+            0u64..6,
+            prop::option::weighted(0.4, (0..BAD_TIMESTAMPS.len(), 0u64..8)),
+        )
+            .prop_map(|(key, dt_ms, cost, bad)| Call {
+                key,
+                dt_ms,
+                cost,
+                bad,
+            }),
+        1..80,
+    )
+}
+
+proptest! {
+    #[test]
+    fn bad_calls_leave_no_trace(trace in calls(), backwards_ms in 1u64..5000) {
+        let clean = TokenBucketLimiter::new(2.0, 4);
+        let dirty = TokenBucketLimiter::new(2.0, 4);
+        let mut now_ms = 0u64;
+        for call in &trace {
+            now_ms += call.dt_ms;
+            let key = format!("k{}", call.key);
+            if let Some((bad, cost)) = call.bad {
+                // Invalid timestamps, costs above capacity, u64::MAX: none
+                // may change anything.
+                prop_assert!(!dirty.allow_n(key.as_str(), BAD_TIMESTAMPS[bad], cost));
+                prop_assert!(!dirty.allow_n(key.as_str(), now_ms as f64 / 1e3, 5 + cost));
+                prop_assert!(!dirty.allow_n(key.as_str(), now_ms as f64 / 1e3, u64::MAX));
+                // A denied call stamped in the past changes nothing either
+                // (the same call may be admitted in the past only if tokens
+                // were there then; that is tested below).
+                let past = now_ms.saturating_sub(backwards_ms) as f64 / 1e3;
+                let _ = dirty.remaining(key.as_str(), past);
+            }
+            let t = now_ms as f64 / 1e3;
+            prop_assert_eq!(
+                clean.check(key.as_str(), t, call.cost),
+                dirty.check(key.as_str(), t, call.cost)
+            );
+            prop_assert_eq!(clean.len(), dirty.len());
+        }
+    }
+
+    #[test]
+    fn backwards_time_never_creates_tokens(
+        calls in prop::collection::vec((0u64..4000, 0u64..6000, 1u64..4), 1..60),
+    ) {
+        // Timestamps jump forwards and backwards (up to 6 s back).
+        let capacity = 5;
+        let limiter = TokenBucketLimiter::new(1.0, capacity);
+        let (mut latest, mut earliest_admitted) = (0u64, u64::MAX);
+        let mut total = 0u64;
+        for (forward_ms, back_ms, cost) in calls {
+            latest += forward_ms;
+            let t_ms = latest.saturating_sub(back_ms);
+            let at_latest = latest as f64 / 1e3;
+            let before = limiter.remaining("k", at_latest).unwrap();
+            let admitted = limiter.allow_n("k", t_ms as f64 / 1e3, cost);
+            let after = limiter.remaining("k", at_latest).unwrap();
+            if admitted {
+                // Judged no more leniently than the same call made now...
+                prop_assert!(before >= cost, "late call took tokens the bucket lacks now");
+                // ...and it only ever spends, at most its cost (less if the
+                // tokens it took at `t` have refilled by `latest`): the
+                // state never moves back.
+                prop_assert!(after <= before && after + cost >= before);
+                total += cost;
+                earliest_admitted = earliest_admitted.min(t_ms);
+            } else {
+                prop_assert_eq!(after, before, "a denial changed the bucket");
+            }
+            // The exact budget: capacity plus 1 token/s over the span.
+            let span_ms = latest - earliest_admitted.min(latest);
+            prop_assert!(total * 1000 <= capacity * 1000 + span_ms, "over budget");
+        }
+    }
+}
