@@ -86,6 +86,14 @@ pub enum Denial {
     /// The timestamp was NaN, infinite, negative or beyond the accepted
     /// range (see [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)).
     InvalidTimestamp,
+    /// The key has no bucket yet and the limiter already holds its maximum
+    /// number of buckets, none of which could be evicted (see
+    /// [`TokenBucketLimiter::with_max_buckets`](crate::TokenBucketLimiter::with_max_buckets)).
+    /// Keys that already have a bucket are unaffected.
+    LimiterFull {
+        /// The configured maximum number of buckets.
+        max_buckets: usize,
+    },
 }
 
 impl Denial {
@@ -123,6 +131,11 @@ impl fmt::Display for Denial {
             ),
             Denial::InvalidTimestamp => f.write_str(
                 "invalid timestamp: expected finite, non-negative seconds below 2^63 ns",
+            ),
+            Denial::LimiterFull { max_buckets } => write!(
+                f,
+                "limiter full: it holds its maximum of {max_buckets} buckets and none is \
+                 idle, so a new key cannot be admitted"
             ),
         }
     }

@@ -4,8 +4,9 @@ use crate::bucket::{Bucket, SpendError};
 use crate::error::{ConfigError, Denial};
 use crate::gcra::{self, Quota};
 use crate::store::Map;
-use crate::sync::Arc;
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::time::{nanos_from_clock, nanos_from_secs, Clock, MonotonicClock};
+use crossbeam_utils::CachePadded;
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -69,6 +70,8 @@ impl Slot {
 pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     quota: Quota,
     buckets: Map<K, Slot, S>,
+    /// Bucket accounting for the cap and the automatic sweep.
+    occupancy: Occupancy,
     /// Read by the `*_now` methods only.
     clock: std::sync::Arc<dyn Clock>,
 }
@@ -160,6 +163,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         TokenBucketLimiter {
             quota,
             buckets: Map::with_hasher(hasher),
+            occupancy: Occupancy::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
         }
     }
@@ -183,6 +187,59 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// Caps the number of buckets held at `max_buckets`.
+    ///
+    /// When the cap is reached and an automatic sweep frees nothing, a call
+    /// for a key without a bucket is denied with [`Denial::LimiterFull`]
+    /// (fail closed), while keys that already have a bucket keep working
+    /// exactly as before. Memory then stays bounded whatever keys arrive.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Denial, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 2).with_max_buckets(1);
+    /// assert!(limiter.allow("a", 0.0));
+    /// assert_eq!(limiter.check("b", 0.0, 1), Err(Denial::LimiterFull { max_buckets: 1 }));
+    /// assert!(limiter.allow("a", 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_max_buckets(mut self, max_buckets: usize) -> Self {
+        self.occupancy.max_buckets = max_buckets;
+        self
+    }
+
+    /// Turns the automatic sweep on (the default) or off.
+    ///
+    /// With it on, creating buckets now and then sweeps the whole map at
+    /// the creating call's timestamp (see [`sweep`](Self::sweep)): a sweep
+    /// runs once the calls that tried to create a bucket since the last
+    /// sweep reach the number of buckets that sweep left (at least
+    /// 1024). Each sweep is one pass over the map, paid for by that many
+    /// creations, so the cost per created bucket is amortised O(1) (one
+    /// bucket visited per creation, on average), and the buckets held stay
+    /// below twice the keys active within the last
+    /// [`refill_time`](Quota::refill_time) (or 2048). The call that
+    /// triggers a sweep pays for the whole pass.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1).with_auto_sweep(false);
+    /// for i in 0..5000 {
+    ///     assert!(limiter.allow(&format!("k{i}"), f64::from(i)));
+    /// }
+    /// assert_eq!(limiter.len(), 5000);
+    /// ```
+    #[must_use]
+    pub fn with_auto_sweep(mut self, on: bool) -> Self {
+        self.occupancy.auto_sweep = on;
         self
     }
 
@@ -431,20 +488,51 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 Ok(_) => {}
                 Err(denial) => return Err(denial),
             }
-            // Slow path: first call for this key. The write lock makes two
-            // racing first calls end up on the same bucket.
-            let slow = self.buckets.write(key, Slot::new, |slot| {
-                slot.bucket().spend(now, cost, &self.quota)
-            });
-            match slow {
-                Ok(word) => return Ok(word),
-                Err(SpendError::Denied(denial)) => return Err(denial),
-                // Retired buckets are removed under the write lock we held,
-                // so this cannot happen; looking the key up again is right
-                // if it ever does.
-                Err(SpendError::Retired) => {}
+            // Slow path: first call for this key.
+            match self.create(key, now, cost) {
+                Some(Ok(word)) => return Ok(word),
+                Some(Err(SpendError::Denied(denial))) => return Err(denial),
+                // Retired under us, or created by another thread while the
+                // cap was reached: look the key up again.
+                Some(Err(SpendError::Retired)) | None => {}
             }
         }
+    }
+
+    /// Creates `key`'s bucket (unless another thread just did) and spends
+    /// from it; `None` when the key turned out to exist after all.
+    fn create<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, SpendError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let occupancy = &self.occupancy;
+        if occupancy.sweep_due() {
+            self.sweep_nanos(now);
+        }
+        if !occupancy.reserve() {
+            if self.buckets.read(key, |_| ()).is_some() {
+                return None;
+            }
+            return Some(Err(SpendError::Denied(Denial::LimiterFull {
+                max_buckets: occupancy.max_buckets,
+            })));
+        }
+        // The write lock makes two racing first calls end up on the same
+        // bucket; the key is cloned only if it is absent.
+        let mut inserted = false;
+        let result = self.buckets.write(
+            key,
+            || {
+                inserted = true;
+                Slot::new()
+            },
+            |slot| slot.bucket().spend(now, cost, &self.quota),
+        );
+        if !inserted {
+            occupancy.release(1);
+        }
+        Some(result)
     }
 
     /// A handle on `key`'s bucket that spends with no map lookup, for a
@@ -477,7 +565,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let bucket = self.buckets.write(key, Slot::new, |slot| match slot {
+        // A handle's bucket counts toward the cap like any other, but the
+        // cap never refuses a handle: a connection that holds one must work.
+        let mut inserted = false;
+        let init = || {
+            inserted = true;
+            Slot::new()
+        };
+        let bucket = self.buckets.write(key, init, |slot| match slot {
             Slot::Shared(bucket) => Arc::clone(bucket),
             Slot::Inline(bucket) => {
                 // Under the write lock no spend is in flight on the inline
@@ -487,6 +582,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 shared
             }
         });
+        if inserted {
+            self.occupancy.add(1);
+        }
         BucketHandle {
             quota: self.quota,
             bucket,
@@ -520,17 +618,121 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(limiter.is_empty());
     /// ```
     pub fn sweep(&self, timestamp: f64) -> usize {
-        let Some(now) = nanos_from_secs(timestamp) else {
-            return 0;
-        };
-        let before = self.buckets.len();
-        self.buckets.retain(|slot| !retire(slot, now));
-        before.saturating_sub(self.buckets.len())
+        match nanos_from_secs(timestamp) {
+            Some(now) => self.sweep_nanos(now),
+            None => 0,
+        }
+    }
+
+    /// [`sweep`](Self::sweep) at the limiter's clock reading.
+    pub fn sweep_now(&self) -> usize {
+        match nanos_from_clock(&*self.clock) {
+            Some(now) => self.sweep_nanos(now),
+            None => 0,
+        }
+    }
+
+    fn sweep_nanos(&self, now: u64) -> usize {
+        let mut removed = 0;
+        self.buckets.retain(|slot| {
+            let evict = retire(slot, now);
+            removed += usize::from(evict);
+            !evict
+        });
+        self.occupancy.swept(removed);
+        removed
     }
 
     /// Releases memory the map no longer needs after a sweep.
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
+    }
+}
+
+/// Counts buckets for the cap, and paces the automatic sweep.
+struct Occupancy {
+    /// Buckets held, plus places reserved by creations in flight. Bounded
+    /// by `max_buckets` (`usize::MAX` when there is no cap).
+    held: CachePadded<AtomicUsize>,
+    /// Calls that tried to create a bucket since the last sweep.
+    pressure: CachePadded<AtomicUsize>,
+    /// The `pressure` at which the next automatic sweep is due.
+    sweep_at: AtomicUsize,
+    /// Set while an automatic sweep runs, so that only one thread sweeps.
+    sweeping: AtomicBool,
+    max_buckets: usize,
+    auto_sweep: bool,
+}
+
+/// The fewest creations between two automatic sweeps.
+const MIN_SWEEP_INTERVAL: usize = 1024;
+
+impl Occupancy {
+    fn new() -> Self {
+        Occupancy {
+            held: CachePadded::new(AtomicUsize::new(0)),
+            pressure: CachePadded::new(AtomicUsize::new(0)),
+            sweep_at: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+            sweeping: AtomicBool::new(false),
+            max_buckets: usize::MAX,
+            auto_sweep: true,
+        }
+    }
+
+    /// Counts one attempt to create a bucket; true if this caller should
+    /// run the automatic sweep now (and then call `swept`).
+    fn sweep_due(&self) -> bool {
+        if !self.auto_sweep {
+            return false;
+        }
+        // Relaxed: the counters only pace the sweep; an off-by-a-few
+        // reading delays or advances it slightly and decides nothing else.
+        let pressure = self.pressure.fetch_add(1, Ordering::Relaxed) + 1;
+        if pressure < self.sweep_at.load(Ordering::Relaxed) {
+            return false;
+        }
+        // Acquire pairs with the Release in `swept`: the next sweeper sees
+        // the counters the previous one left. A thread that loses the race
+        // skips the sweep; the winner does it for everyone.
+        !self.sweeping.swap(true, Ordering::Acquire)
+    }
+
+    /// Records a finished sweep that removed `removed` buckets.
+    fn swept(&self, removed: usize) {
+        // Relaxed: see `sweep_due`.
+        self.release(removed);
+        let held = self.held.load(Ordering::Relaxed);
+        self.pressure.store(0, Ordering::Relaxed);
+        self.sweep_at
+            .store(held.max(MIN_SWEEP_INTERVAL), Ordering::Relaxed);
+        // Release pairs with the Acquire in `sweep_due`. An explicit sweep
+        // that ran without the flag clears it too, which at worst lets two
+        // sweeps overlap; both are correct, just redundant.
+        self.sweeping.store(false, Ordering::Release);
+    }
+
+    /// Reserves a place for a new bucket; false when the cap is reached.
+    fn reserve(&self) -> bool {
+        // Relaxed: the counter alone decides; the fetch_add makes concurrent
+        // reservations see each other, so at most `max_buckets` succeed.
+        let before = self.held.fetch_add(1, Ordering::Relaxed);
+        if before < self.max_buckets {
+            return true;
+        }
+        self.release(1);
+        false
+    }
+
+    /// Counts `n` buckets created outside `reserve` (handles).
+    fn add(&self, n: usize) {
+        // Relaxed: see `reserve`.
+        self.held.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Gives back `n` places (buckets removed, or a reservation unused).
+    fn release(&self, n: usize) {
+        // Relaxed: see `reserve`.
+        self.held.fetch_sub(n, Ordering::Relaxed);
     }
 }
 

@@ -1,0 +1,209 @@
+//! Bounded memory: exact eviction, the automatic sweep and the cap.
+#![cfg(not(loom))]
+
+mod common;
+
+use common::api_key;
+use keyrate::{Denial, TokenBucketLimiter};
+use proptest::prelude::*;
+use std::sync::{Arc, Barrier};
+
+/// A flood of a million never-seen keys at advancing time stays bounded,
+/// and changes no decision for legitimate keys interleaved with it.
+#[test]
+fn a_flood_of_new_keys_stays_bounded_and_changes_nothing() {
+    const FLOOD: u64 = 1_000_000;
+    const STEP_NS: u64 = 10_000; // one flood key every 10 us of timeline
+    let (rate, capacity) = (10.0, 5); // refill time 0.5 s
+    let flooded = TokenBucketLimiter::new(rate, capacity);
+    let quiet = TokenBucketLimiter::new(rate, capacity);
+    let legit: Vec<String> = (0..5).map(|i| format!("legit-{i}")).collect();
+    let mut max_held = 0;
+    for i in 0..FLOOD {
+        let now = (i * STEP_NS) as f64 / 1e9;
+        assert!(flooded.allow(api_key(i).as_str(), now));
+        if i % 997 == 0 {
+            let key = legit[(i / 997) as usize % legit.len()].as_str();
+            let cost = 1 + i % 3;
+            assert_eq!(
+                flooded.check(key, now, cost),
+                quiet.check(key, now, cost),
+                "legit key {key} at {now}"
+            );
+        }
+        max_held = max_held.max(flooded.len());
+    }
+    // Keys touched within one refill time (0.5 s / 10 us = 50,000) plus the
+    // legitimate ones; an automatic sweep runs at the latest when the
+    // creations since the last one reach what it left (at least 1024).
+    let active = (500_000_000 / STEP_NS) as usize + legit.len();
+    let bound = 2 * active.max(1024);
+    assert!(max_held <= bound, "held {max_held} buckets, bound {bound}");
+    // A flood key spent 1 token, so it is not full for 0.1 s: at least the
+    // last 10,000 flood keys were held at some point.
+    assert!(max_held >= 10_000, "held only {max_held}");
+}
+
+#[test]
+fn without_auto_sweep_nothing_is_evicted() {
+    let limiter = TokenBucketLimiter::new(10.0, 5).with_auto_sweep(false);
+    for i in 0..5000u64 {
+        assert!(limiter.allow(api_key(i).as_str(), i as f64));
+    }
+    assert_eq!(limiter.len(), 5000);
+    assert_eq!(limiter.sweep(5000.0), 5000);
+    assert!(limiter.is_empty());
+    limiter.shrink_to_fit();
+}
+
+#[test]
+fn sweep_removes_exactly_the_full_buckets() {
+    let limiter = TokenBucketLimiter::new(1.0, 4);
+    assert!(limiter.allow_n("a", 0.0, 1)); // full again at 1 s
+    assert!(limiter.allow_n("b", 0.0, 3)); // full again at 3 s
+    assert!(limiter.allow_n("c", 2.0, 4)); // full again at 6 s
+    assert_eq!(limiter.sweep(0.999_999_999), 0);
+    assert_eq!(limiter.sweep(1.0), 1);
+    assert_eq!(limiter.sweep(5.0), 1);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.remaining("c", 5.0), Some(3));
+    assert_eq!(limiter.sweep(6.0), 1);
+    assert!(limiter.is_empty());
+}
+
+#[test]
+fn at_the_cap_new_keys_are_denied_and_existing_keys_unaffected() {
+    let capped = TokenBucketLimiter::new(1.0, 3)
+        .with_max_buckets(100)
+        .with_auto_sweep(false);
+    let free = TokenBucketLimiter::new(1.0, 3);
+    for i in 0..100u64 {
+        assert!(capped.allow(api_key(i).as_str(), 0.0));
+        assert!(free.allow(api_key(i).as_str(), 0.0));
+    }
+    assert_eq!(capped.len(), 100);
+    for i in 100..200u64 {
+        assert_eq!(
+            capped.check(api_key(i).as_str(), 0.5, 1),
+            Err(Denial::LimiterFull { max_buckets: 100 })
+        );
+        assert!(!capped.allow(api_key(i).as_str(), 0.5));
+    }
+    assert_eq!(capped.len(), 100, "no growth past the cap");
+    // Existing keys behave exactly as in an uncapped limiter.
+    for t in [0.5, 1.0, 1.0, 1.0, 2.5, 2.5] {
+        for i in (0..100u64).step_by(7) {
+            let key = api_key(i);
+            assert_eq!(
+                capped.check(key.as_str(), t, 1),
+                free.check(key.as_str(), t, 1)
+            );
+        }
+    }
+    // Cost 0 and invalid calls for new keys are not "full" denials.
+    assert!(capped.allow_n("new", 3.0, 0));
+    assert_eq!(
+        capped.check("new", f64::NAN, 1),
+        Err(Denial::InvalidTimestamp)
+    );
+    // A sweep frees the idle buckets, and new keys are admitted again.
+    assert_eq!(capped.sweep(10.0), 100);
+    assert!(capped.allow("new", 10.0));
+}
+
+#[test]
+fn at_the_cap_the_automatic_sweep_makes_room_for_new_keys() {
+    let limiter = TokenBucketLimiter::new(1.0, 1).with_max_buckets(2000);
+    for i in 0..2000u64 {
+        assert!(limiter.allow(api_key(i).as_str(), 0.0));
+    }
+    // Every bucket is idle (full) from 1 s on; denied attempts count toward
+    // the next automatic sweep, which frees them.
+    let mut denied = 0;
+    let mut i = 2000u64;
+    while !limiter.allow(api_key(i).as_str(), 5.0) {
+        denied += 1;
+        i += 1;
+        assert!(denied <= 2001, "the cap never made room");
+    }
+    assert!(limiter.len() <= 2000);
+}
+
+#[test]
+fn concurrent_cap_is_never_exceeded() {
+    let limiter = Arc::new(
+        TokenBucketLimiter::new(1.0, 3)
+            .with_max_buckets(1000)
+            .with_auto_sweep(false),
+    );
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (limiter, barrier) = (Arc::clone(&limiter), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                (0..5000u64)
+                    .filter(|i| limiter.allow(api_key(t * 10_000 + i).as_str(), 0.0))
+                    .count()
+            })
+        })
+        .collect();
+    let admitted: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(limiter.len(), 1000);
+    assert_eq!(admitted, 1000);
+}
+
+#[test]
+fn handles_survive_sweeps_and_keep_their_spends() {
+    let limiter = TokenBucketLimiter::new(1.0, 2);
+    let handle = limiter.bucket("conn");
+    for i in 0..3000u64 {
+        // Plenty of creations: several automatic sweeps run meanwhile.
+        assert!(limiter.allow(api_key(i).as_str(), 100.0 + i as f64));
+    }
+    assert!(handle.allow_n(4000.0, 2));
+    let held = limiter.len();
+    assert_eq!(limiter.sweep(4000.0), held - 1);
+    assert!(
+        !limiter.allow("conn", 4000.0),
+        "the handle's spend was lost"
+    );
+}
+
+#[derive(Debug, Clone)]
+struct Call {
+    key: u16,
+    dt_us: u32,
+    cost: u8,
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Eviction on or off, the same trace gives the same decisions.
+    #[test]
+    fn eviction_changes_no_decision(
+        calls in prop::collection::vec(
+            (0u16..4000, 0u32..3000, 0u8..4).prop_map(|(key, dt_us, cost)| Call { key, dt_us, cost }),
+            3000..6000,
+        ),
+        sweep_every in 50usize..500,
+    ) {
+        let on = TokenBucketLimiter::new(1000.0, 3);
+        let off = TokenBucketLimiter::new(1000.0, 3).with_auto_sweep(false);
+        let mut now_us = 0u64;
+        for (i, call) in calls.iter().enumerate() {
+            now_us += u64::from(call.dt_us);
+            let t = now_us as f64 / 1e6;
+            let key = format!("k{}", call.key);
+            prop_assert_eq!(
+                on.check(key.as_str(), t, u64::from(call.cost)),
+                off.check(key.as_str(), t, u64::from(call.cost))
+            );
+            if i % sweep_every == 0 {
+                on.sweep(t);
+            }
+        }
+        prop_assert!(on.len() <= off.len());
+    }
+}
