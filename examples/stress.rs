@@ -71,8 +71,8 @@ fn main() -> ExitCode {
                     barrier.wait();
                     let now = (round * ROUND_NS) as f64 / 1e9;
                     let started = Instant::now();
-                    let mut local_calls = vec![0u64; HOT_KEYS];
-                    let mut local_admitted = vec![0u64; HOT_KEYS];
+                    let mut local_calls = [0u64; HOT_KEYS];
+                    let mut local_admitted = [0u64; HOT_KEYS];
                     for i in 0..HOT_CALLS_PER_ROUND * HOT_KEYS as u64 {
                         let h = (i as usize) % HOT_KEYS;
                         local_calls[h] += 1;
