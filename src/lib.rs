@@ -46,6 +46,9 @@ mod bucket;
 mod error;
 mod gcra;
 mod keyed;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api;
 mod store;
 mod sync;
 mod time;

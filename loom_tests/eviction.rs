@@ -1,0 +1,187 @@
+//! Model 4: eviction racing spends.
+//!
+//! `TokenBucketLimiter::sweep` retires every full bucket that no live
+//! `BucketHandle` shares, with a compare-and-swap of its word to `RETIRED`
+//! under the map's write lock, and removes it. The models check that an
+//! admitted spend is never swallowed: after the race, the tokens left
+//! reflect every admitted spend, whether the spend landed before the
+//! retirement (the bucket is then not full and is kept) or after it (on a
+//! fresh bucket).
+
+use crate::support::{model, quota, SEC};
+use keyrate::loom_api::{self, Bucket, SpendError};
+use keyrate::TokenBucketLimiter;
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+
+/// The bucket-level protocol on its own, with no lock around it (as
+/// eviction that ran without the shard's write lock would see it): a spend
+/// and a retirement race on one full bucket.
+#[test]
+fn retire_races_a_spend_on_the_bucket() {
+    model("4 bucket: try_retire vs spend, capacity 2", || {
+        check_retire_race(Arc::new(Bucket::with_word(SEC)));
+    });
+}
+
+/// A spend and a retirement, both at 1 s, on a bucket full at 1 s. Either
+/// the spend lands (and the retirement, finding the bucket no longer full,
+/// is refused) or the retirement lands (and the spend is sent back with
+/// `Retired`, to be retried on a fresh bucket). Never both.
+fn check_retire_race(bucket: Arc<Bucket>) {
+    let quota = quota(1.0, 2);
+    let now = SEC;
+    let spender = {
+        let bucket = Arc::clone(&bucket);
+        loom::thread::spawn(move || bucket.spend(now, 1, &quota))
+    };
+    let retired = bucket.try_retire(now);
+    let spent = spender.join().expect("the spender panicked");
+    let word = bucket.word();
+    match (spent, retired) {
+        (Ok(installed), false) => {
+            assert_eq!(word, installed, "the admitted spend's word was overwritten");
+            assert_eq!(loom_api::tokens_at(word, now, &quota), 1);
+        }
+        (Err(SpendError::Retired), true) => assert_eq!(word, loom_api::RETIRED),
+        (spent, retired) => panic!(
+            "an admitted spend was swallowed: spend {spent:?}, retired {retired}, word {word}"
+        ),
+    }
+}
+
+/// The broken twin of the bucket-level model: the retirement reads the
+/// word, decides the bucket is full, and stores `RETIRED` with no
+/// compare-and-swap, over whatever a spend installed in between.
+#[test]
+#[should_panic(expected = "an admitted spend was swallowed")]
+fn broken_retire_by_store_swallows_a_spend() {
+    model("4 broken: retire by load-then-store vs spend", || {
+        let quota = quota(1.0, 2);
+        let now = SEC;
+        let word = Arc::new(AtomicU64::new(SEC));
+        let spender = {
+            let word = Arc::clone(&word);
+            // The real spend protocol: decide, then compare-and-swap.
+            loom::thread::spawn(move || loop {
+                let current = word.load(Ordering::SeqCst);
+                if current == loom_api::RETIRED {
+                    return Err(SpendError::Retired);
+                }
+                let next = loom_api::decide(current, now, 1, &quota).map_err(SpendError::Denied)?;
+                if word
+                    .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    return Ok(next);
+                }
+            })
+        };
+        // BROKEN: check, then a blind store.
+        let retired = loom_api::is_full(word.load(Ordering::SeqCst), now);
+        if retired {
+            word.store(loom_api::RETIRED, Ordering::SeqCst);
+        }
+        let spent = spender.join().expect("the spender panicked");
+        let swallowed = spent.is_ok() && word.load(Ordering::SeqCst) == loom_api::RETIRED;
+        assert!(
+            !swallowed,
+            "an admitted spend was swallowed: spend {spent:?}, retired {retired}"
+        );
+    });
+}
+
+/// A limiter whose key "k" spent one token at 0 s: its bucket (capacity 2,
+/// 1 token/s) is full again at 1 s, so a sweep at 1 s may evict it.
+fn limiter_with_used_key() -> Arc<TokenBucketLimiter> {
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2));
+    assert!(limiter.allow("k", 0.0));
+    limiter
+}
+
+#[test]
+fn sweep_races_keyed_spends() {
+    model("4 limiter: sweep vs 2 keyed spends, capacity 2", || {
+        let limiter = limiter_with_used_key();
+        let spenders: Vec<_> = (0..2)
+            .map(|_| {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || limiter.allow("k", 1.0))
+            })
+            .collect();
+        let removed = limiter.sweep(1.0);
+        let admitted = spenders
+            .into_iter()
+            .map(|thread| thread.join().expect("a spender panicked"))
+            .filter(|&admitted| admitted)
+            .count();
+        // The bucket holds 2 at 1 s whether or not it was evicted first.
+        assert_eq!(admitted, 2, "both spends fit");
+        assert!(removed <= 1);
+        assert_eq!(limiter.len(), 1, "the spent key has exactly one bucket");
+        assert_eq!(
+            limiter.remaining("k", 1.0),
+            Some(0),
+            "an admitted spend was swallowed (removed {removed})"
+        );
+    });
+}
+
+#[test]
+fn sweep_races_a_live_handle() {
+    model(
+        "4 limiter: sweep + keyed spend vs live handle, capacity 2",
+        || {
+            // The handle is made and spends while a sweep runs and a keyed call
+            // follows it. The live handle must keep its bucket in the map: were
+            // it evicted, the keyed call would spend from a fresh bucket and
+            // the map and the handle would disagree.
+            let limiter = limiter_with_used_key();
+            let handle_thread = {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || {
+                    let handle = limiter.bucket("k");
+                    let admitted = handle.allow(1.0);
+                    (handle, admitted)
+                })
+            };
+            let _ = limiter.sweep(1.0);
+            let keyed = limiter.allow("k", 1.0);
+            let (handle, by_handle) = handle_thread.join().expect("the handle thread panicked");
+            assert!(keyed && by_handle, "both spends fit");
+            assert_eq!(limiter.len(), 1);
+            assert_eq!(
+                limiter.remaining("k", 1.0),
+                Some(0),
+                "an admitted spend was swallowed"
+            );
+            assert_eq!(handle.remaining(1.0), Some(0), "the handle lost its bucket");
+        },
+    );
+}
+
+#[test]
+fn sweep_races_a_handle_being_dropped() {
+    model(
+        "4 limiter: sweep + keyed spend vs dropped handle, capacity 2",
+        || {
+            // The handle spends and is dropped; the sweep may then see no live
+            // handle, but the spend left the bucket not full at 1 s.
+            let limiter = limiter_with_used_key();
+            let handle_thread = {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || limiter.bucket("k").allow(1.0))
+            };
+            let _ = limiter.sweep(1.0);
+            let keyed = limiter.allow("k", 1.0);
+            let by_handle = handle_thread.join().expect("the handle thread panicked");
+            assert!(keyed && by_handle, "both spends fit");
+            assert_eq!(limiter.len(), 1);
+            assert_eq!(
+                limiter.remaining("k", 1.0),
+                Some(0),
+                "an admitted spend was swallowed"
+            );
+        },
+    );
+}

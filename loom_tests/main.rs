@@ -1,0 +1,30 @@
+//! loom models of every concurrent protocol in keyrate.
+//!
+//! Run with (a separate target directory keeps the normal build intact):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 CARGO_TARGET_DIR=target/loom \
+//!     cargo test --release --test loom
+//! ```
+//!
+//! Under `cfg(loom)` the library's own atomics, `Arc` and map lock are loom's
+//! (see `src/sync.rs` and `src/store.rs`), so these models explore every
+//! interleaving of the real bucket, the real decision and the real keyed
+//! insert and eviction paths. Each model with a `broken_` twin shows that the
+//! model can fail: the twin swaps one step of the protocol for a plausible
+//! wrong one and passes only if loom finds the bug.
+//!
+//! | file | protocol |
+//! |---|---|
+//! | `same_instant.rs` | model 1: concurrent spends on one bucket at one instant |
+//! | `timestamps.rs` | model 2: spends at different timestamps, some older |
+//! | `first_use.rs` | model 3: the first use of a key, raced |
+//! | `eviction.rs` | model 4: eviction racing spends and handles |
+#![cfg(loom)]
+
+mod support;
+
+mod eviction;
+mod first_use;
+mod same_instant;
+mod timestamps;

@@ -1,0 +1,76 @@
+//! Crate internals for the loom models in `loom_tests/`.
+//!
+//! Compiled only under `cfg(loom)` and hidden from the docs: it is not part
+//! of keyrate's API. The models drive the real bucket and the real decision
+//! through these thin wrappers, so a model checks the code that ships.
+
+use crate::bucket;
+use crate::error::Denial;
+use crate::gcra::{self, Quota};
+
+/// The word of a retired (evicted) bucket.
+pub const RETIRED: u64 = bucket::RETIRED;
+
+/// The pure decision (`gcra::decide`): the new word, or why the call is denied.
+pub fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
+    gcra::decide(full_at, now, cost, quota)
+}
+
+/// Whole tokens a bucket with word `full_at` holds at `now`.
+pub fn tokens_at(full_at: u64, now: u64, quota: &Quota) -> u64 {
+    gcra::tokens_at(full_at, now, quota)
+}
+
+/// Whether a bucket with word `full_at` is full at `now`.
+pub fn is_full(full_at: u64, now: u64) -> bool {
+    gcra::is_full(full_at, now)
+}
+
+/// Why a spend on a [`Bucket`] did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpendError {
+    /// A plain denial; the word was not written.
+    Denied(Denial),
+    /// The bucket was retired before the spend could land.
+    Retired,
+}
+
+/// The real bucket (its atomic word is a loom atomic under `cfg(loom)`).
+#[derive(Debug)]
+pub struct Bucket(bucket::Bucket);
+
+impl Bucket {
+    /// A new bucket, full at every timestamp (word 0).
+    pub fn new() -> Self {
+        Bucket(bucket::Bucket::new())
+    }
+
+    /// A bucket holding `word`.
+    pub fn with_word(word: u64) -> Self {
+        Bucket(bucket::Bucket::with_word(word))
+    }
+
+    /// The real compare-and-swap spend.
+    pub fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
+        self.0.spend(now, cost, quota).map_err(|err| match err {
+            bucket::SpendError::Denied(denial) => SpendError::Denied(denial),
+            bucket::SpendError::Retired => SpendError::Retired,
+        })
+    }
+
+    /// The current word (possibly [`RETIRED`]).
+    pub fn word(&self) -> u64 {
+        self.0.word()
+    }
+
+    /// The real retirement: compare-and-swap to [`RETIRED`] if full at `now`.
+    pub fn try_retire(&self, now: u64) -> bool {
+        self.0.try_retire(now)
+    }
+}
+
+impl Default for Bucket {
+    fn default() -> Self {
+        Self::new()
+    }
+}
