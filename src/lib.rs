@@ -46,14 +46,16 @@ mod bucket;
 mod error;
 mod gcra;
 mod keyed;
-#[cfg(loom)]
-#[doc(hidden)]
-pub mod loom_api;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod store;
 mod sync;
 mod time;
+mod wait;
 
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::Quota;
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
+#[cfg(feature = "tower")]
+pub use crate::layer::{RateLimitLayer, RateLimitService};
 pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};

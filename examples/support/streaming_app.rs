@@ -1,0 +1,321 @@
+//! The streaming endpoint that `examples/streaming_server.rs` runs and
+//! `tests/server.rs` drives: an axum app modelling a real-time TTS service
+//! over WebSockets, gated by per-customer API keys.
+//!
+//! Each API key has two budgets, both keyrate limiters:
+//!
+//! - **connections**: one token to open a WebSocket (spent by the
+//!   [`RateLimitLayer`] on the upgrade request) and one per synthesis
+//!   context opened on it. A voice agent opens a connection and several
+//!   contexts back-to-back at call start: the burst covers that.
+//! - **synthesis**: one token per character of text to speak, on the
+//!   WebSocket (`speak` messages) and over plain HTTP (`POST /v1/tts`, where
+//!   the layer's cost function charges the body's length).
+//!
+//! The WebSocket protocol is JSON text frames. Client to server:
+//!
+//! ```text
+//! {"type":"open","context_id":"c1"}
+//! {"type":"speak","context_id":"c1","text":"Hello!"}
+//! {"type":"close","context_id":"c1"}
+//! ```
+//!
+//! Server to client: `context_opened`, `audio` and `context_closed`, each
+//! with the budget's `remaining` tokens, or an error frame:
+//!
+//! ```text
+//! {"type":"error","code":"rate_limited","budget":"synthesis","context_id":"c1",
+//!  "cost":600,"retry_after":0.35,"retry_after_ms":350,"strikes":1,"max_strikes":5}
+//! ```
+//!
+//! A request denied while the client should still be waiting (before the
+//! retry-after of an earlier denial) is a strike; an admitted request clears
+//! them. At `max_strikes` the server closes the connection with code 1008
+//! (policy violation). Not 1013 (try again later): 1013 says the *server*
+//! has a temporary condition, and invites an immediate reconnect; here the
+//! *client* broke the protocol's rule, and its next connection is rate
+//! limited by the connections budget anyway.
+
+// Each user of this module (the example, the test) uses a different part.
+#![allow(dead_code)]
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer};
+use keyrate::{BucketHandle, Clock, Denial, TokenBucketLimiter};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The close code for a key that keeps ignoring `retry_after` (RFC 6455,
+/// 7.4.1: "a message that violates its policy").
+pub const POLICY_VIOLATION: u16 = 1008;
+
+/// Budgets and patience, per API key.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections and contexts opened per second, sustained.
+    pub connect_rate: f64,
+    /// Connections and contexts opened back-to-back.
+    pub connect_burst: u64,
+    /// Characters synthesized per second, sustained.
+    pub synth_rate: f64,
+    /// Characters synthesized back-to-back.
+    pub synth_burst: u64,
+    /// How long a `speak` may wait server-side for its characters before
+    /// it is denied (absorbs jitter; zero denies at once).
+    pub max_queue: Duration,
+    /// Denials ignored in a row before the connection is closed.
+    pub max_strikes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connect_rate: 1.0,
+            connect_burst: 5,
+            synth_rate: 500.0,
+            synth_burst: 2000,
+            max_queue: Duration::from_millis(50),
+            max_strikes: 5,
+        }
+    }
+}
+
+/// The app's state: both budgets' limiters, shared by every connection.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub limits: Limits,
+    pub connections: Arc<TokenBucketLimiter>,
+    pub synthesis: Arc<TokenBucketLimiter>,
+    /// The limiters' clock, for telling when a client retries too early.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl App {
+    /// Makes both limiters, reading time from `clock` (clones of a clock
+    /// share its time).
+    pub fn new(limits: Limits, clock: impl Clock + Clone + 'static) -> Self {
+        App {
+            limits,
+            connections: Arc::new(
+                TokenBucketLimiter::new(limits.connect_rate, limits.connect_burst)
+                    .with_clock(clock.clone()),
+            ),
+            synthesis: Arc::new(
+                TokenBucketLimiter::new(limits.synth_rate, limits.synth_burst)
+                    .with_clock(clock.clone()),
+            ),
+            clock: Arc::new(clock),
+        }
+    }
+
+    /// The routes: `GET /v1/stream` (WebSocket) and `POST /v1/tts` (HTTP).
+    pub fn router(&self) -> Router {
+        let connect_layer = RateLimitLayer::new(Arc::clone(&self.connections), api_key)
+            .with_policy_name("connections");
+        let tts_layer = RateLimitLayer::new(Arc::clone(&self.synthesis), api_key)
+            .with_policy_name("synthesis")
+            .with_cost(declared_length);
+        Router::new()
+            .route("/v1/stream", get(stream).route_layer(connect_layer))
+            .route("/v1/tts", post(tts).route_layer(tts_layer))
+            .with_state(self.clone())
+    }
+}
+
+/// Binds `127.0.0.1:port` (0 picks a free port) and serves the app in a
+/// background task; returns the bound address.
+pub async fn spawn(app: &App, port: u16) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    let router = app.router();
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, router).await {
+            eprintln!("server error: {err}");
+        }
+    });
+    Ok(addr)
+}
+
+/// The API key: `Authorization: Bearer <key>`, else `X-API-Key: <key>`.
+pub fn api_key(parts: &Parts) -> Option<String> {
+    bearer_token(parts).or_else(|| api_key_header(parts))
+}
+
+/// The cost of `POST /v1/tts`: its declared body length, in bytes (the
+/// handler refuses a body without one).
+fn declared_length(parts: &Parts) -> u64 {
+    parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// `POST /v1/tts`: synthesizes the body's text in one response (simulated).
+async fn tts(parts: Parts, body: String) -> Response {
+    if parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .is_none()
+    {
+        return StatusCode::LENGTH_REQUIRED.into_response();
+    }
+    Json(json!({ "characters": body.chars().count() })).into_response()
+}
+
+/// `GET /v1/stream`: the layer has admitted the connection; resolve the
+/// key's buckets once, then serve the socket.
+async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> Response {
+    // The layer refused requests without a key, so this is always `Some`.
+    let Some(key) = api_key(&parts) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let session = Session {
+        connections: app.connections.bucket(key.as_str()),
+        synthesis: app.synthesis.bucket(key.as_str()),
+        app,
+        contexts: HashSet::new(),
+        retry_at: None,
+        strikes: 0,
+    };
+    ws.on_upgrade(move |socket| session.run(socket))
+}
+
+/// One connection: its key's buckets, held for the connection's life.
+struct Session {
+    app: App,
+    /// Spent with no map lookup on every message.
+    connections: BucketHandle,
+    synthesis: BucketHandle,
+    contexts: HashSet<String>,
+    /// When the last denial said the client could retry (on the clock).
+    retry_at: Option<Duration>,
+    /// Denials in a row that arrived before `retry_at`.
+    strikes: u32,
+}
+
+/// What the session does after a message.
+enum Next {
+    Reply(Value),
+    Close(Value, CloseFrame),
+}
+
+impl Session {
+    async fn run(mut self, mut socket: WebSocket) {
+        while let Some(Ok(message)) = socket.recv().await {
+            let text = match message {
+                Message::Text(text) => text,
+                Message::Close(_) => break,
+                // Pings are answered by axum; binary frames are not used.
+                _ => continue,
+            };
+            let next = self.handle(text.as_str()).await;
+            let (reply, close) = match next {
+                Next::Reply(reply) => (reply, None),
+                Next::Close(reply, frame) => (reply, Some(frame)),
+            };
+            if socket
+                .send(Message::Text(reply.to_string().into()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+            if let Some(frame) = close {
+                let _ = socket.send(Message::Close(Some(frame))).await;
+                break;
+            }
+        }
+    }
+
+    async fn handle(&mut self, text: &str) -> Next {
+        let Ok(request) = serde_json::from_str::<Value>(text) else {
+            return Next::Reply(error("bad_request", "expected a JSON object"));
+        };
+        let context = request["context_id"].as_str().unwrap_or("").to_owned();
+        match request["type"].as_str() {
+            Some("open") => {
+                let decision = self.connections.check_now(1);
+                self.decide("connections", &context, 1, decision, |this, remaining| {
+                    this.contexts.insert(context.clone());
+                    json!({ "type": "context_opened", "context_id": context, "remaining": remaining })
+                })
+            }
+            Some("speak") if self.contexts.contains(&context) => {
+                let text = request["text"].as_str().unwrap_or("");
+                let cost = text.chars().count() as u64;
+                let decision = self.synthesis.wait(cost, self.app.limits.max_queue).await;
+                self.decide("synthesis", &context, cost, decision, |_, remaining| {
+                    json!({ "type": "audio", "context_id": context, "characters": cost, "remaining": remaining })
+                })
+            }
+            Some("close") if self.contexts.remove(&context) => {
+                Next::Reply(json!({ "type": "context_closed", "context_id": context }))
+            }
+            Some("speak" | "close") => {
+                Next::Reply(error("unknown_context", "open the context first"))
+            }
+            _ => Next::Reply(error("bad_request", "type must be open, speak or close")),
+        }
+    }
+
+    /// Turns a budget's decision into the reply, counting strikes.
+    fn decide(
+        &mut self,
+        budget: &str,
+        context: &str,
+        cost: u64,
+        decision: Result<u64, Denial>,
+        admitted: impl FnOnce(&mut Self, u64) -> Value,
+    ) -> Next {
+        let retry_after = match decision {
+            Ok(remaining) => {
+                self.strikes = 0;
+                self.retry_at = None;
+                return Next::Reply(admitted(self, remaining));
+            }
+            Err(Denial::InsufficientTokens { retry_after }) => retry_after,
+            Err(Denial::ExceedsCapacity { capacity, .. }) => {
+                return Next::Reply(json!({
+                    "type": "error", "code": "exceeds_capacity", "budget": budget,
+                    "context_id": context, "cost": cost, "capacity": capacity,
+                }));
+            }
+            Err(denial) => return Next::Reply(error("unavailable", &denial.to_string())),
+        };
+        let now = self.app.clock.now();
+        if self.retry_at.is_some_and(|at| now < at) {
+            self.strikes += 1;
+        }
+        self.retry_at = Some(now + retry_after);
+        let max_strikes = self.app.limits.max_strikes;
+        let reply = json!({
+            "type": "error", "code": "rate_limited", "budget": budget, "context_id": context,
+            "cost": cost, "retry_after": retry_after.as_secs_f64(),
+            "retry_after_ms": retry_after.as_nanos().div_ceil(1_000_000), // rounded up
+            "strikes": self.strikes, "max_strikes": max_strikes,
+        });
+        if self.strikes >= max_strikes {
+            let frame = CloseFrame {
+                code: POLICY_VIOLATION,
+                reason: format!("rate limit: {max_strikes} requests ignored retry_after").into(),
+            };
+            return Next::Close(reply, frame);
+        }
+        Next::Reply(reply)
+    }
+}
+
+fn error(code: &str, message: &str) -> Value {
+    json!({ "type": "error", "code": code, "message": message })
+}

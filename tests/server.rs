@@ -1,0 +1,330 @@
+#![cfg(not(loom))]
+//! The streaming endpoint end to end over loopback sockets: the example's
+//! app on a real port, driven by a real WebSocket client
+//! (tokio-tungstenite) and a real HTTP client (hyper-util). The server's
+//! limiters read a manual clock that the test moves, so the test waits for
+//! refills without sleeping, and every expected number follows from the
+//! limits.
+
+#[path = "../examples/support/streaming_app.rs"]
+mod streaming_app;
+
+use axum::body::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use keyrate::ManualClock;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::Duration;
+use streaming_app::{App, Limits, POLICY_VIOLATION};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{Response, StatusCode};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::{connect_async, MaybeTlsStream, WebSocketStream};
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+const LIMITS: Limits = Limits {
+    connect_rate: 0.5, // a connection or context every 2 s
+    connect_burst: 4,
+    synth_rate: 100.0, // characters per second
+    synth_burst: 300,
+    max_queue: Duration::ZERO, // deny at once: the clock only moves when told
+    max_strikes: 3,
+};
+
+struct Server {
+    addr: SocketAddr,
+    clock: ManualClock,
+}
+
+async fn start() -> Server {
+    let clock = ManualClock::new();
+    let app = App::new(LIMITS, clock.clone());
+    let addr = streaming_app::spawn(&app, 0)
+        .await
+        .expect("bind a loopback port");
+    assert!(addr.ip().is_loopback());
+    Server { addr, clock }
+}
+
+impl Server {
+    async fn connect(&self, key: &str) -> Result<(Socket, Response<Option<Vec<u8>>>), WsError> {
+        let mut request = format!("ws://{}/v1/stream", self.addr).into_client_request()?;
+        let value = format!("Bearer {key}").parse().unwrap();
+        request.headers_mut().insert("authorization", value);
+        connect_async(request).await
+    }
+}
+
+/// What the server answered to one frame.
+#[derive(Debug)]
+enum Reply {
+    Frame(Value),
+    Closed(u16, String),
+}
+
+async fn send(socket: &mut Socket, request: Value) -> Reply {
+    let sent = socket.send(Message::text(request.to_string())).await;
+    loop {
+        match socket.next().await.expect("an answer") {
+            Ok(Message::Text(text)) => return Reply::Frame(serde_json::from_str(&text).unwrap()),
+            Ok(Message::Close(Some(frame))) => {
+                return Reply::Closed(frame.code.into(), frame.reason.to_string())
+            }
+            Ok(Message::Close(None)) => return Reply::Closed(1005, String::new()),
+            Ok(_) => continue,
+            Err(err) => panic!("socket error {err} (send: {sent:?})"),
+        }
+    }
+}
+
+fn frame(reply: Reply) -> Value {
+    match reply {
+        Reply::Frame(frame) => frame,
+        Reply::Closed(code, reason) => panic!("closed {code} {reason}"),
+    }
+}
+
+fn header<'a, B>(response: &'a http::Response<B>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .unwrap()
+}
+
+fn ceil(secs: f64) -> u64 {
+    secs.ceil() as u64
+}
+
+fn policy(name: &str, capacity: u64, rate: f64) -> String {
+    format!("\"{name}\";q={capacity};w={}", ceil(capacity as f64 / rate))
+}
+
+#[tokio::test]
+async fn call_start_burst_is_admitted_then_denied_until_the_refill() {
+    let server = start().await;
+    let burst = LIMITS.connect_burst;
+    let token = 1.0 / LIMITS.connect_rate;
+
+    // The connection spends one token; the upgrade response says so.
+    let (mut socket, response) = server.connect("agent").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let state = format!("\"connections\";r={};t={}", burst - 1, ceil(token));
+    assert_eq!(header(&response, "ratelimit"), state);
+    let expected_policy = policy("connections", burst, LIMITS.connect_rate);
+    assert_eq!(header(&response, "ratelimit-policy"), expected_policy);
+
+    // The rest of the burst: contexts opened back-to-back, all admitted.
+    for n in 1..burst {
+        let open = json!({"type": "open", "context_id": format!("c{n}")});
+        let reply = frame(send(&mut socket, open).await);
+        assert_eq!(reply["type"], "context_opened", "{reply}");
+        assert_eq!(reply["context_id"], format!("c{n}"));
+        assert_eq!(reply["remaining"], burst - 1 - n);
+    }
+    // One more: a structured error frame with the exact wait.
+    let reply = frame(send(&mut socket, json!({"type": "open", "context_id": "extra"})).await);
+    assert_eq!(reply["type"], "error");
+    assert_eq!(reply["code"], "rate_limited");
+    assert_eq!(reply["budget"], "connections");
+    assert_eq!(reply["context_id"], "extra");
+    assert_eq!(reply["retry_after"], token);
+    assert_eq!(reply["retry_after_ms"], (token * 1000.0) as u64);
+    assert_eq!(reply["strikes"], 0);
+
+    // A second connection for the same key is refused at the HTTP level.
+    let refused = server.connect("agent").await.unwrap_err();
+    let WsError::Http(refused) = refused else {
+        panic!("expected an HTTP refusal, got {refused}");
+    };
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), ceil(token).to_string());
+    let state = format!("\"connections\";r=0;t={}", ceil(token));
+    assert_eq!(header(&refused, "ratelimit"), state);
+    assert_eq!(header(&refused, "ratelimit-policy"), expected_policy);
+
+    // After the wait the same socket is admitted again.
+    server.clock.advance(Duration::from_millis(
+        reply["retry_after_ms"].as_u64().unwrap(),
+    ));
+    let reply = frame(send(&mut socket, json!({"type": "open", "context_id": "extra"})).await);
+    assert_eq!(reply["type"], "context_opened", "{reply}");
+    assert_eq!(reply["remaining"], 0);
+
+    // Synthesis has its own budget, charged by characters.
+    let text = "a".repeat(LIMITS.synth_burst as usize);
+    let speak = json!({"type": "speak", "context_id": "extra", "text": text});
+    let reply = frame(send(&mut socket, speak).await);
+    assert_eq!(reply["type"], "audio", "{reply}");
+    assert_eq!(reply["characters"], LIMITS.synth_burst);
+    assert_eq!(reply["remaining"], 0);
+    let speak = json!({"type": "speak", "context_id": "extra", "text": "hello"});
+    let reply = frame(send(&mut socket, speak.clone()).await);
+    assert_eq!(reply["code"], "rate_limited");
+    assert_eq!(reply["budget"], "synthesis");
+    assert_eq!(reply["cost"], 5);
+    let wait = 5.0 / LIMITS.synth_rate;
+    assert_eq!(reply["retry_after"], wait);
+    assert_eq!(reply["retry_after_ms"], (wait * 1000.0).ceil() as u64);
+    server.clock.advance(Duration::from_millis(
+        reply["retry_after_ms"].as_u64().unwrap(),
+    ));
+    let reply = frame(send(&mut socket, speak).await);
+    assert_eq!(reply["type"], "audio", "{reply}");
+
+    // A context never opened, and text beyond any burst.
+    let reply = frame(send(&mut socket, json!({"type": "speak", "context_id": "nope"})).await);
+    assert_eq!(reply["code"], "unknown_context");
+    let long = "a".repeat(LIMITS.synth_burst as usize + 1);
+    let speak = json!({"type": "speak", "context_id": "extra", "text": long});
+    let reply = frame(send(&mut socket, speak).await);
+    assert_eq!(reply["code"], "exceeds_capacity");
+    assert_eq!(reply["capacity"], LIMITS.synth_burst);
+    socket.close(None).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_key_that_keeps_hammering_is_disconnected_with_1008() {
+    let server = start().await;
+    let (mut socket, _) = server.connect("abuser").await.unwrap();
+    let reply = frame(send(&mut socket, json!({"type": "open", "context_id": "c"})).await);
+    assert_eq!(reply["type"], "context_opened");
+    let text = "x".repeat(100);
+    let speak = json!({"type": "speak", "context_id": "c", "text": text});
+
+    let mut admitted = 0;
+    let mut denied = 0;
+    let close = loop {
+        match send(&mut socket, speak.clone()).await {
+            Reply::Frame(reply) if reply["type"] == "audio" => admitted += 1,
+            Reply::Frame(reply) => {
+                assert_eq!(reply["code"], "rate_limited", "{reply}");
+                // The first denial is no strike; each one ignoring it is.
+                assert_eq!(reply["strikes"], denied);
+                assert_eq!(reply["max_strikes"], LIMITS.max_strikes);
+                denied += 1;
+            }
+            Reply::Closed(code, reason) => break (code, reason),
+        }
+        assert!(admitted + denied <= 100, "never disconnected");
+    };
+    assert_eq!(admitted, LIMITS.synth_burst / 100);
+    assert_eq!(denied, u64::from(LIMITS.max_strikes) + 1);
+    assert_eq!(close.0, POLICY_VIOLATION);
+    assert!(close.1.contains("retry_after"), "{}", close.1);
+    // The server has closed its side: the stream ends.
+    assert!(matches!(socket.next().await, None | Some(Err(_))));
+}
+
+#[tokio::test]
+async fn a_client_that_honours_retry_after_is_never_disconnected() {
+    let server = start().await;
+    let open = json!({"type": "open", "context_id": "c"});
+    let (mut polite, _) = server.connect("polite").await.unwrap();
+    assert_eq!(
+        frame(send(&mut polite, open.clone()).await)["type"],
+        "context_opened"
+    );
+    // A second connection of the same key shares its buckets.
+    let (mut other, _) = server.connect("polite").await.unwrap();
+    assert_eq!(
+        frame(send(&mut other, open).await)["type"],
+        "context_opened"
+    );
+    let all = "y".repeat(LIMITS.synth_burst as usize);
+    let big = json!({"type": "speak", "context_id": "c", "text": all});
+    let small = json!({"type": "speak", "context_id": "c", "text": "z"});
+    assert_eq!(frame(send(&mut polite, big.clone()).await)["type"], "audio");
+    // Denied again and again, more than max_strikes times in a row, but
+    // each time it waited as told: the other connection took part of the
+    // refill first. No strikes, no disconnection.
+    for _ in 0..=LIMITS.max_strikes * 2 {
+        let reply = frame(send(&mut polite, big.clone()).await);
+        assert_eq!(reply["code"], "rate_limited", "{reply}");
+        assert_eq!(reply["strikes"], 0);
+        let wait = reply["retry_after_ms"].as_u64().unwrap();
+        server.clock.advance(Duration::from_millis(wait));
+        assert_eq!(
+            frame(send(&mut other, small.clone()).await)["type"],
+            "audio"
+        );
+    }
+}
+
+#[tokio::test]
+async fn http_requests_get_401_429_with_headers_and_recover() {
+    let server = start().await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let url = format!("http://{}/v1/tts", server.addr);
+    let post = |key: Option<&str>, body: String| {
+        let mut request = http::Request::post(url.as_str());
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        client.request(request.body(Full::new(Bytes::from(body))).unwrap())
+    };
+    let expected_policy = policy("synthesis", LIMITS.synth_burst, LIMITS.synth_rate);
+
+    let response = post(None, "hello".into()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(header(&response, "www-authenticate"), "Bearer");
+
+    let burst = LIMITS.synth_burst;
+    let response = post(Some("http-key"), "b".repeat(burst as usize))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let until_full = ceil(burst as f64 / LIMITS.synth_rate);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        format!("\"synthesis\";r=0;t={until_full}")
+    );
+    assert_eq!(header(&response, "ratelimit-policy"), expected_policy);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["characters"], burst);
+
+    let cost = 50;
+    let wait = cost as f64 / LIMITS.synth_rate;
+    let response = post(Some("http-key"), "c".repeat(cost)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&response, "retry-after"), ceil(wait).to_string());
+    assert_eq!(
+        header(&response, "ratelimit"),
+        format!("\"synthesis\";r=0;t={}", ceil(wait))
+    );
+    assert_eq!(header(&response, "ratelimit-policy"), expected_policy);
+
+    server
+        .clock
+        .advance(Duration::from_millis((wait * 1000.0).ceil() as u64));
+    let response = post(Some("http-key"), "c".repeat(cost)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        format!("\"synthesis\";r=0;t={until_full}")
+    );
+
+    // Bearer works too; another key has its own budget.
+    let request = http::Request::post(url.as_str())
+        .header("authorization", "Bearer other-key")
+        .body(Full::new(Bytes::from("hi")))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        format!("\"synthesis\";r={};t=1", burst - 2)
+    );
+
+    let response = post(Some("http-key"), "d".repeat(burst as usize + 1))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+}
