@@ -48,6 +48,9 @@ mod gcra;
 mod keyed;
 #[cfg(feature = "tower")]
 pub mod layer;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api;
 mod store;
 mod sync;
 mod time;
