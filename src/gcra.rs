@@ -142,6 +142,12 @@ impl Quota {
         Duration::from_nanos(self.window)
     }
 
+    /// The refill of a full bucket, in nanoseconds: `spend(capacity)`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn window(&self) -> u64 {
+        self.window
+    }
+
     /// The refill a call of `cost` tokens uses up: `ceil(cost * interval)`
     /// nanoseconds, or `None` when that exceeds `2^63 - 1` ns.
     ///

@@ -51,6 +51,8 @@ pub mod layer;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_api;
+#[cfg(feature = "redis")]
+mod redis;
 mod store;
 mod sync;
 mod time;
@@ -61,4 +63,9 @@ pub use crate::gcra::Quota;
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
 pub use crate::layer::{RateLimitLayer, RateLimitService};
+#[cfg(feature = "redis")]
+pub use crate::redis::{
+    FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_PREFIX,
+    DEFAULT_REDIS_TIMEOUT,
+};
 pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};

@@ -1,0 +1,501 @@
+//! The Redis backend on its own: exactness at Unix-epoch nanoseconds, the
+//! stored word and its TTL, Redis's clock, concurrency across connections,
+//! typed failures, and a server killed and restarted mid-run.
+//!
+//! Needs `KEYRATE_REDIS_URL` (see `redis_support`); the restart test also
+//! starts its own `redis-server` (`KEYRATE_REDIS_SERVER_BIN`, or the one on
+//! `PATH`).
+#![cfg(not(loom))]
+
+mod common;
+mod redis_support;
+
+use common::model::{Model, Outcome};
+use keyrate::{
+    Denial, FailurePolicy, Quota, RedisErrorKind, RedisLimiter, RedisLimiterError,
+    TokenBucketLimiter, MAX_TIMESTAMP_NANOS,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis::aio::MultiplexedConnection;
+use redis_support::{limiter, raw, url};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const SEC: u64 = 1_000_000_000;
+const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
+
+fn quota(rate: f64, capacity: u64) -> Quota {
+    Quota::new(rate, capacity).unwrap()
+}
+
+async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+/// Unwraps Redis's answer, failing the test on a Redis error.
+fn decided(answer: Result<Result<u64, Denial>, RedisLimiterError>) -> Result<u64, Denial> {
+    answer.unwrap_or_else(|err| panic!("Redis failed: {err}"))
+}
+
+#[test]
+fn public_types_are_send_sync_debug() {
+    fn check<T: Send + Sync + std::fmt::Debug>() {}
+    check::<RedisLimiter>();
+    check::<RedisLimiterError>();
+    check::<FailurePolicy>();
+    check::<RedisErrorKind>();
+}
+
+#[tokio::test]
+async fn nanosecond_exact_at_unix_epoch_scale() {
+    let Some(l) = limiter("unix_ns", quota(1.0, 3)).await else {
+        return;
+    };
+    let mut conn = raw(&url().unwrap()).await;
+    let key = l.bucket_key("k");
+    let t = Duration::from_nanos(EPOCH_UNIX + 123_456_789);
+    for left in [2, 1, 0] {
+        assert_eq!(decided(l.check_at("k", t, 1).await), Ok(left));
+    }
+    // The stored word is full_at in ns, exactly: beyond 2^53, where a Lua
+    // double would have rounded it.
+    let full_at = EPOCH_UNIX + 123_456_789 + 3 * SEC;
+    assert!(full_at > 1 << 53);
+    assert_eq!(get(&mut conn, &key).await, Some(full_at.to_string()));
+    // One token is back exactly 1 s later, not 1 ns sooner.
+    let almost = t + Duration::from_nanos(SEC - 1);
+    assert_eq!(
+        decided(l.check_at("k", almost, 1).await),
+        Err(Denial::InsufficientTokens {
+            retry_after: Duration::from_nanos(1)
+        })
+    );
+    assert_eq!(get(&mut conn, &key).await, Some(full_at.to_string()));
+    assert_eq!(
+        decided(l.check_at("k", t + Duration::from_secs(1), 1).await),
+        Ok(0)
+    );
+    assert_eq!(
+        get(&mut conn, &key).await,
+        Some((full_at + SEC).to_string())
+    );
+    // A timestamp past the range is a plain denial.
+    let past = Duration::from_nanos(MAX_TIMESTAMP_NANOS) + Duration::from_nanos(1);
+    assert_eq!(
+        decided(l.check_at("k", past, 1).await),
+        Err(Denial::InvalidTimestamp)
+    );
+}
+
+#[tokio::test]
+async fn extreme_quotas_agree_with_memory() {
+    // Windows and timestamps far beyond 2^53 ns, and words beyond 2^63.
+    // The last instants sit a few ms below 2^63 ns: an f64 of seconds
+    // resolves about 2 us there, and must not round past the range.
+    let late = MAX_TIMESTAMP_NANOS - 10_000_000;
+    let cases: [(f64, u64, &[u64]); 3] = [
+        (1.1e-10, 1, &[0, late - 5_000_000, late]),
+        (1e9, 1 << 62, &[MAX_TIMESTAMP_NANOS / 2, late]),
+        (1.0, 9_223_372_036, &[EPOCH_UNIX, EPOCH_UNIX + 1, late]),
+    ];
+    for (rate, capacity, instants) in cases {
+        let q = quota(rate, capacity);
+        let Some(l) = limiter("extreme", q).await else {
+            return;
+        };
+        let memory = TokenBucketLimiter::with_quota(q);
+        let mut conn = raw(&url().unwrap()).await;
+        for &ns in instants {
+            // f64 seconds, as the in-memory API takes them; both round alike.
+            let secs = ns as f64 / 1e9;
+            for cost in [1, capacity / 2, capacity, 0] {
+                let want = memory.check("k", secs, cost);
+                assert_eq!(
+                    decided(l.check("k", secs, cost).await),
+                    want,
+                    "rate {rate} capacity {capacity} cost {cost} at {secs} s"
+                );
+            }
+            assert_eq!(
+                l.remaining("k", secs).await.unwrap(),
+                memory.remaining("k", secs)
+            );
+        }
+        let word: u64 = get(&mut conn, &l.bucket_key("k"))
+            .await
+            .expect("a bucket")
+            .parse()
+            .expect("a u64 word");
+        assert!(word > MAX_TIMESTAMP_NANOS, "word {word} past 2^63");
+    }
+}
+
+type Trace = ((u64, u64), u64, Vec<(u64, u64)>);
+
+/// Nanosecond-exact traces at Unix scale, through `check_at`.
+fn trace() -> impl Strategy<Value = Trace> {
+    let rates = [(1u64, 1u64), (3, 1), (7, 2), (13, 16), (999_999_937, 1)];
+    (0..rates.len(), 1u64..=6).prop_flat_map(move |(r, capacity)| {
+        let ops = prop::collection::vec((any::<u64>(), 0..=capacity + 1), 1..40);
+        (Just(rates[r]), Just(capacity), ops)
+    })
+}
+
+async fn run_unix_trace(l: RedisLimiter, trace: Trace) -> Result<(), TestCaseError> {
+    let ((num, den), capacity, ops) = trace;
+    let mut model = Model::rounded(num, den, capacity);
+    let interval = model.spend_ns(1);
+    let mut now = EPOCH_UNIX;
+    for (step, cost) in ops {
+        now += match step % 4 {
+            0 => 0,
+            1 => 1,
+            2 => (step / 4) % interval,
+            _ => (step / 4) % (3 * interval),
+        };
+        let got = match decided(l.check_at("k", Duration::from_nanos(now), cost).await) {
+            Ok(remaining) => Outcome::Admitted { remaining },
+            Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
+                retry_ns: retry_after.as_nanos() as u64,
+            },
+            Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
+            Err(other) => return Err(TestCaseError::fail(format!("unexpected {other:?}"))),
+        };
+        prop_assert_eq!(
+            got,
+            model.call("k", now, cost),
+            "cost {} at {} ns",
+            cost,
+            now
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_nanosecond_traces_equal_the_model() {
+    if url().is_none() {
+        return;
+    }
+    let handle = tokio::runtime::Handle::current();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut runner = TestRunner::new(Config {
+            cases: 64,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        runner.run(&trace(), |trace| {
+            handle.block_on(async {
+                let rate = trace.0 .0 as f64 / trace.0 .1 as f64;
+                let l = limiter("unix_trace", quota(rate, trace.1)).await.unwrap();
+                run_unix_trace(l, trace).await
+            })
+        })
+    })
+    .await
+    .unwrap();
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+}
+
+#[tokio::test]
+async fn ttl_is_the_time_until_full() {
+    let Some(l) = limiter("ttl", quota(1.0, 3)).await else {
+        return;
+    };
+    // No floor: the TTL is exactly the time to full.
+    let l = l.with_min_ttl(Duration::ZERO);
+    let mut conn = raw(&url().unwrap()).await;
+    let key = l.bucket_key("k");
+    assert_eq!(decided(l.check("k", 100.0, 2).await), Ok(1));
+    let ttl = pttl(&mut conn, &key).await;
+    assert!(
+        0 < ttl && ttl <= 2000,
+        "PTTL {ttl} for a bucket full in 2 s"
+    );
+    // A denial writes nothing: neither the word nor the TTL.
+    let word = get(&mut conn, &key).await;
+    assert!(decided(l.check("k", 100.0, 3).await).is_err());
+    assert_eq!(get(&mut conn, &key).await, word);
+    assert!(pttl(&mut conn, &key).await <= ttl);
+    // An admission that fills the bucket until later extends the TTL.
+    assert_eq!(decided(l.check("k", 100.0, 1).await), Ok(0));
+    let longer = pttl(&mut conn, &key).await;
+    assert!(2000 < longer && longer <= 3000, "PTTL {longer}");
+
+    // A sub-millisecond time to full rounds up to 1 ms.
+    let fast = limiter("ttl_fast", quota(1e9, 1_500_000))
+        .await
+        .unwrap()
+        .with_min_ttl(Duration::ZERO);
+    assert!(fast.allow_n("k", 5.0, 1_500_000).await);
+    assert!(pttl(&mut conn, &fast.bucket_key("k")).await <= 2);
+
+    // A floor raises every TTL.
+    let floored = limiter("ttl_floor", quota(1.0, 3)).await.unwrap();
+    assert!(floored.allow("k", 0.0).await);
+    assert!(pttl(&mut conn, &floored.bucket_key("k")).await > 3000);
+}
+
+#[tokio::test]
+async fn idle_keys_vanish_when_full() {
+    let Some(l) = limiter("vanish", quota(1000.0, 2)).await else {
+        return;
+    };
+    let l = l.with_min_ttl(Duration::ZERO);
+    let mut conn = raw(&url().unwrap()).await;
+    let key = l.bucket_key("k");
+    assert!(l.allow_n_now("k", 2).await);
+    // Full again 2 ms later (on Redis's clock): the key expires by itself.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&mut conn, &key).await.is_some() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(get(&mut conn, &key).await, None, "the idle key expired");
+    assert_eq!(l.remaining_now("k").await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn redis_time_mode() {
+    // One token per 1024 s: nothing refills during the test.
+    let Some(l) = limiter("time", quota(1.0 / 1024.0, 3)).await else {
+        return;
+    };
+    let mut conn = raw(&url().unwrap()).await;
+    assert_eq!(l.remaining_now("k").await.unwrap(), 3);
+    assert_eq!(decided(l.check_now("k", 2).await), Ok(1));
+    assert!(l.allow_now("k").await);
+    assert!(!l.allow_now("k").await);
+    let denial = decided(l.check_now("k", 1).await).unwrap_err();
+    assert!(denial.retry_after().unwrap() > Duration::from_secs(1000));
+    assert!(matches!(
+        decided(l.check_now("k", 4).await),
+        Err(Denial::ExceedsCapacity { .. })
+    ));
+    assert_eq!(l.remaining_now("k").await.unwrap(), 0);
+    // The word is Unix time in ns from TIME, whose resolution is 1 us.
+    let word: u64 = get(&mut conn, &l.bucket_key("k"))
+        .await
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(word % 1000, 0, "TIME has microsecond resolution");
+    let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let full_in = Duration::from_nanos(word).saturating_sub(unix_now);
+    // Spent 3 tokens of 1024 s each: full about 3072 s from now.
+    assert!(full_in > Duration::from_secs(3000) && full_in <= Duration::from_secs(3072));
+}
+
+#[tokio::test]
+async fn script_cache_flush_is_survived() {
+    let Some(l) = limiter("noscript", quota(1.0, 2)).await else {
+        return;
+    };
+    let mut conn = raw(&url().unwrap()).await;
+    assert!(l.allow("k", 0.0).await);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // EVALSHA answers NOSCRIPT; the script is loaded again and run once.
+    assert_eq!(decided(l.check("k", 0.0, 1).await), Ok(0));
+    assert!(!l.allow("k", 0.0).await);
+}
+
+#[tokio::test]
+async fn a_foreign_value_is_a_typed_script_error() {
+    let Some(l) = limiter("foreign", quota(1.0, 2)).await else {
+        return;
+    };
+    let mut conn = raw(&url().unwrap()).await;
+    let key = l.bucket_key("k");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("not a word")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = l.check("k", 0.0, 1).await.unwrap_err();
+    assert_eq!(err.kind(), RedisErrorKind::Script, "{err}");
+    assert!(!l.allow("k", 0.0).await, "fail closed by default");
+    let open = l.clone().with_failure_policy(FailurePolicy::Open);
+    assert!(open.allow("k", 0.0).await, "fail open admits");
+    assert_eq!(
+        get(&mut conn, &key).await.as_deref(),
+        Some("not a word"),
+        "nothing written"
+    );
+    // Cost 0 and remaining read the key too, and fail the same way.
+    assert!(l.remaining("k", 0.0).await.is_err());
+}
+
+/// `n` limiters on the test server, each over its own connection, sharing
+/// one fresh prefix.
+async fn pool(test: &str, quota: Quota, n: usize) -> Option<Vec<RedisLimiter>> {
+    let url = url()?;
+    let prefix = redis_support::unique_prefix(test);
+    let mut limiters = Vec::new();
+    for _ in 0..n {
+        let l = RedisLimiter::connect(&url, quota)
+            .await
+            .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
+            .with_prefix(prefix.clone())
+            .with_min_ttl(Duration::from_secs(3600));
+        limiters.push(l);
+    }
+    Some(limiters)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_spends_admit_exactly_capacity() {
+    const CAPACITY: u64 = 100;
+    const TASKS: usize = 400;
+    // At one caller instant; then at Redis's own time, with a rate too slow
+    // to refill a token during the test.
+    for server_time in [false, true] {
+        let rate = if server_time { 1.0 / 86_400.0 } else { 1.0 };
+        let Some(limiters) = pool("concurrent", quota(rate, CAPACITY), 4).await else {
+            return;
+        };
+        let mut tasks = Vec::new();
+        for i in 0..TASKS {
+            let l = limiters[i % limiters.len()].clone();
+            tasks.push(tokio::spawn(async move {
+                if server_time {
+                    l.check_now("hot", 1).await
+                } else {
+                    l.check("hot", 42.0, 1).await
+                }
+            }));
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            if decided(task.await.unwrap()).is_ok() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, CAPACITY, "server time: {server_time}");
+        let left = if server_time {
+            limiters[0].remaining_now("hot").await.unwrap()
+        } else {
+            limiters[0].remaining("hot", 42.0).await.unwrap().unwrap()
+        };
+        assert_eq!(left, 0);
+    }
+}
+
+/// A redis-server process of the test's own, killed when dropped.
+struct Server {
+    child: Child,
+}
+
+impl Server {
+    fn binary() -> String {
+        std::env::var("KEYRATE_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
+    }
+
+    fn start(port: u16) -> std::io::Result<Server> {
+        let child = Command::new(Self::binary())
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Server { child })
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn until_ping(url: &str, deadline: Instant) -> bool {
+    while Instant::now() < deadline {
+        if let Ok(client) = redis::Client::open(url) {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let pong: Result<String, _> = redis::cmd("PING").query_async(&mut conn).await;
+                if pong.is_ok() {
+                    return true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_and_restarted() {
+    // Needs the suite's server only to decide between skipping and failing.
+    if url().is_none() {
+        return;
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut server = Server::start(port).unwrap_or_else(|err| {
+        panic!(
+            "cannot start {} (set KEYRATE_REDIS_SERVER_BIN): {err}",
+            Server::binary()
+        )
+    });
+    assert!(until_ping(&url, Instant::now() + Duration::from_secs(20)).await);
+
+    let closed = RedisLimiter::connect(&url, quota(1.0, 5))
+        .await
+        .expect("the fresh server answers")
+        .with_timeout(Duration::from_millis(500))
+        .with_min_ttl(Duration::from_secs(3600));
+    let open = closed.clone().with_failure_policy(FailurePolicy::Open);
+    assert_eq!(decided(closed.check("k", 0.0, 1).await), Ok(4));
+
+    server.kill();
+    // While it is down: typed errors, never a panic, and the policies.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = None;
+    while seen.is_none() && Instant::now() < deadline {
+        match closed.check("k", 0.0, 1).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(err) => seen = Some(err.kind()),
+        }
+    }
+    let kind = seen.expect("an error while the server is down");
+    assert!(
+        matches!(kind, RedisErrorKind::Unavailable | RedisErrorKind::Timeout),
+        "{kind:?}"
+    );
+    assert!(!closed.allow("k", 0.0).await, "fail closed");
+    assert!(open.allow("k", 0.0).await, "fail open");
+    assert!(closed.remaining("k", 0.0).await.is_err());
+
+    // Back on the same port: the manager reconnects by itself. The new
+    // server kept no data, so the bucket starts full again.
+    let _server = Server::start(port).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut back = None;
+    while back.is_none() && Instant::now() < deadline {
+        match closed.check("k", 0.0, 1).await {
+            Ok(decision) => back = Some(decision),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(back, Some(Ok(4)), "works again after the restart");
+    assert_eq!(decided(open.check("k", 0.0, 1).await), Ok(3));
+}

@@ -1,0 +1,72 @@
+//! Finding the Redis server the Redis tests run against.
+//!
+//! The server is named by `KEYRATE_REDIS_URL` (for example
+//! `redis://127.0.0.1:6390`). Without it the tests are skipped with a loud
+//! message, unless `CI` is set: then they fail, as they do when the
+//! variable is set and no server answers.
+#![allow(dead_code)]
+
+use keyrate::{Quota, RedisLimiter};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The server's URL, or `None` (after a loud message) to skip.
+pub fn url() -> Option<String> {
+    match std::env::var("KEYRATE_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI is set but KEYRATE_REDIS_URL is not: the Redis tests need a server")
+        }
+        _ => {
+            eprintln!(
+                "\n!!! SKIPPED: set KEYRATE_REDIS_URL (e.g. redis://127.0.0.1:6390) to run \
+                 the Redis tests against a real server !!!\n"
+            );
+            None
+        }
+    }
+}
+
+/// A key prefix no other test (or earlier run) uses, free of glob
+/// characters so that `KEYS prefix*` matches exactly its keys.
+pub fn unique_prefix(test: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("keyrate-test:{test}:{}:{nanos}:{n}:", std::process::id())
+}
+
+/// A limiter on the test server with its own prefix. Keys get a TTL floor
+/// of an hour: the tests' made-up timestamps do not advance in real time.
+pub async fn limiter(test: &str, quota: Quota) -> Option<RedisLimiter> {
+    let url = url()?;
+    let limiter = RedisLimiter::connect(&url, quota)
+        .await
+        .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"));
+    Some(
+        limiter
+            .with_prefix(unique_prefix(test))
+            .with_min_ttl(Duration::from_secs(3600)),
+    )
+}
+
+/// A plain connection to the test server, for inspecting keys.
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a valid KEYRATE_REDIS_URL")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
+}
+
+/// The keys under `prefix`.
+pub async fn keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}
