@@ -2,7 +2,10 @@
 //!
 //! `TokenBucketLimiter::sweep` retires every full bucket that no live
 //! `BucketHandle` shares, with a compare-and-swap of its word to `RETIRED`
-//! under the map's write lock, and removes it. The models check that an
+//! under the map's write lock, and removes it. The automatic sweep (run
+//! now and then by a call that creates a bucket) is the same pass, so
+//! these models cover it too; only its pacing counters are left out, as
+//! they decide when a sweep runs and nothing else. The models check that an
 //! admitted spend is never swallowed: after the race, the tokens left
 //! reflect every admitted spend, whether the spend landed before the
 //! retirement (the bucket is then not full and is kept) or after it (on a

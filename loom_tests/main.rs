@@ -20,10 +20,12 @@
 //! | `timestamps.rs` | model 2: spends at different timestamps, some older |
 //! | `first_use.rs` | model 3: the first use of a key, raced |
 //! | `eviction.rs` | model 4: eviction racing spends and handles |
+//! | `cap.rs` | model 5: the bucket cap's reservations, racing |
 #![cfg(loom)]
 
 mod support;
 
+mod cap;
 mod eviction;
 mod first_use;
 mod same_instant;

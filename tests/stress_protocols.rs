@@ -248,3 +248,44 @@ fn sweeps_racing_spends_never_lose_an_admitted_spend() {
     // print it so a run shows the race happened, but assert only counts.
     eprintln!("sweeper evicted {evicted} buckets over {ROUNDS} rounds");
 }
+
+/// Model 5 at scale: threads race to create far more new keys than the cap
+/// allows. Exactly `max_buckets` of them get a bucket, every other first
+/// call is refused with `LimiterFull`, and the keys that got in keep
+/// working.
+#[test]
+fn racing_creations_fill_the_cap_exactly() {
+    use keyrate::Denial;
+    const KEYS_PER_THREAD: usize = 250_000; // 1 million creations in all
+    const MAX_BUCKETS: usize = 10_000;
+    let limiter = TokenBucketLimiter::new(1.0, 2).with_max_buckets(MAX_BUCKETS);
+    let admitted: Vec<Vec<String>> = on_threads(|t| {
+        let mut admitted = Vec::new();
+        for i in 0..KEYS_PER_THREAD {
+            // Interleave the threads' keys so that they contend for the
+            // same shards; every key is distinct.
+            let key = format!("sk_new_{:08}", i * THREADS + t);
+            // At 0 s every bucket holds a debt, so no sweep can free a place.
+            match limiter.check(key.as_str(), 0.0, 1) {
+                Ok(_) => admitted.push(key),
+                Err(Denial::LimiterFull { max_buckets }) => assert_eq!(max_buckets, MAX_BUCKETS),
+                Err(other) => panic!("{key}: {other:?}"),
+            }
+        }
+        admitted
+    });
+    let admitted: Vec<String> = admitted.into_iter().flatten().collect();
+    assert_eq!(
+        admitted.len(),
+        MAX_BUCKETS,
+        "exactly the cap's worth of new keys"
+    );
+    assert_eq!(limiter.len(), MAX_BUCKETS);
+    for key in &admitted {
+        assert!(limiter.allow(key.as_str(), 0.0), "{key} lost its bucket");
+        assert!(
+            !limiter.allow(key.as_str(), 0.0),
+            "{key} holds more than capacity"
+        );
+    }
+}
