@@ -21,6 +21,7 @@
 //! | `first_use.rs` | model 3: the first use of a key, raced |
 //! | `eviction.rs` | model 4: eviction racing spends and handles |
 //! | `cap.rs` | model 5: the bucket cap's reservations, racing |
+//! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 #![cfg(loom)]
 
 mod support;
@@ -30,3 +31,4 @@ mod eviction;
 mod first_use;
 mod same_instant;
 mod timestamps;
+mod unlocked_reads;
