@@ -139,6 +139,8 @@ struct CheckThenAdd {
 
 impl CheckThenAdd {
     fn reserve(&self) -> bool {
+        // SeqCst: the strongest ordering, so that the bug loom finds is
+        // the split check-then-add, not a weak ordering.
         use loom::sync::atomic::Ordering::SeqCst;
         // BROKEN: the check and the add are two steps.
         if self.held.load(SeqCst) >= self.max_buckets {

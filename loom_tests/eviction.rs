@@ -65,7 +65,9 @@ fn broken_retire_by_store_swallows_a_spend() {
         let word = Arc::new(AtomicU64::new(SEC));
         let spender = {
             let word = Arc::clone(&word);
-            // The real spend protocol: decide, then compare-and-swap.
+            // The real spend protocol: decide, then compare-and-swap. SeqCst
+            // throughout this twin: the bug loom must find is the blind
+            // store below, not a weak ordering.
             loom::thread::spawn(move || loop {
                 let current = word.load(Ordering::SeqCst);
                 if current == loom_api::RETIRED {

@@ -69,6 +69,8 @@ impl UnlockedReads {
                 }
             }
             let mut next = self.writer.lock().unwrap();
+            // Acquire/Release as above; the writer lock already orders
+            // writers, the Release publishes the new bucket to readers.
             let mut found = self.current.load(Ordering::Acquire);
             if found == 0 {
                 found = *next;
@@ -86,6 +88,7 @@ impl UnlockedReads {
     /// The sweep, for this key: remove its bucket if full at `now`.
     fn evict(&self, now: u64) -> bool {
         let _writer = self.writer.lock().unwrap();
+        // Acquire/Release: as in `spend`'s insert.
         let found = self.current.load(Ordering::Acquire);
         if found == 0 {
             return false;
@@ -106,6 +109,7 @@ impl UnlockedReads {
 
     /// The whole tokens the key holds at `now` (an absent key is full).
     fn remaining(&self, now: u64, quota: &Quota) -> u64 {
+        // Acquire: pairs with the writers' Release.
         match self.current.load(Ordering::Acquire) {
             0 => quota.capacity(),
             found => loom_api::tokens_at(self.buckets[found].word(), now, quota),
