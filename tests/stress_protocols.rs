@@ -110,6 +110,66 @@ fn mixed_costs_leave_exactly_capacity_minus_spent() {
     );
 }
 
+/// Model 2 at scale: threads spend on one key at timestamps that advance
+/// at different paces, so that calls stamped earlier keep arriving after
+/// later ones. At most `capacity + rate * span` tokens are admitted, and the
+/// bucket's clock never moves backwards: an observer reading the tokens
+/// left at a fixed later instant (which can only fall as the clock moves
+/// forward) never sees them rise.
+#[test]
+fn mixed_timestamps_never_exceed_capacity_plus_refill() {
+    const CALLS_PER_THREAD: u64 = 400_000; // 1.6 million calls in all
+    const STEP_NS: u64 = 1_000; // per call, for the fastest thread
+                                // 1000 tokens/s: 1 ms per token, exact.
+    let (rate_per_ms, capacity) = (1, 50);
+    let limiter = TokenBucketLimiter::new(1000.0, capacity);
+    let end_ns = 1_000_000_000 + CALLS_PER_THREAD * STEP_NS;
+    let end = end_ns as f64 / 1e9;
+    let done = AtomicBool::new(false);
+    let (admitted, rises) = thread::scope(|scope| {
+        let observer = scope.spawn(|| {
+            let mut last = capacity;
+            let mut rises = 0u64;
+            // Acquire pairs with the Release store of `done`.
+            while !done.load(Ordering::Acquire) {
+                let now = limiter.remaining("sk_live_clock", end).unwrap_or(0);
+                rises += u64::from(now > last);
+                last = now;
+            }
+            rises
+        });
+        let admitted: u64 = on_threads(|t| {
+            // Thread t's clock runs at 1/(t+1) of the fastest one's pace and
+            // starts t ms late: its calls are stamped ever further behind.
+            let pace = STEP_NS / (t as u64 + 1);
+            (0..CALLS_PER_THREAD)
+                .filter(|i| {
+                    let ns = 1_000_000_000 - t as u64 * 1_000_000 + i * pace;
+                    limiter.allow("sk_live_clock", ns as f64 / 1e9)
+                })
+                .count() as u64
+        })
+        .into_iter()
+        .sum();
+        // Release pairs with the observer's Acquire load.
+        done.store(true, Ordering::Release);
+        (admitted, observer.join().expect("the observer panicked"))
+    });
+    // The earliest stamp is thread 3's first, the latest thread 0's last.
+    let start_ns = 1_000_000_000 - (THREADS as u64 - 1) * 1_000_000;
+    let span_ms = (end_ns - STEP_NS - start_ns) / 1_000_000;
+    let bound = capacity + rate_per_ms * span_ms;
+    eprintln!("admitted {admitted} of at most {bound}");
+    assert!(
+        admitted <= bound,
+        "admitted {admitted} > capacity + rate * span = {bound}"
+    );
+    assert_eq!(
+        rises, 0,
+        "the tokens left at a fixed instant rose: the clock moved backwards"
+    );
+}
+
 /// Model 3 at scale: every thread walks the same fresh keys in the same
 /// order (re-synchronised every few keys, so first calls really collide),
 /// some through a new handle and some by key. Each key ends with exactly
