@@ -187,7 +187,7 @@ fn print_reply(what: &str, reply: &Reply) {
         }
         Reply::Frame(frame) if frame["type"] == "error" => println!("   {what} -> error {frame}"),
         Reply::Frame(frame) => println!(
-            "   {what} -> {} ({} tokens left)",
+            "   {what} -> {}, remaining {}",
             frame["type"].as_str().unwrap_or("?"),
             frame["remaining"]
         ),

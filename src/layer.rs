@@ -10,7 +10,7 @@
 //! | admitted | the inner service's response, plus `RateLimit-Policy` and `RateLimit` (the tokens left) |
 //! | over the limit | `429 Too Many Requests` with `Retry-After`, `RateLimit-Policy` and `RateLimit` |
 //! | cost above the capacity | `413 Content Too Large`, no `Retry-After`: no wait can help |
-//! | the limiter's clock out of range | `503 Service Unavailable` |
+//! | any other denial (the limiter full, its clock out of range) | `503 Service Unavailable` |
 //!
 //! The rate-limit fields follow the structured-field form of
 //! draft-ietf-httpapi-ratelimit-headers (revisions 09 to 11):
@@ -427,7 +427,8 @@ fn refusal<F, C, K, S, B: Default>(shared: &Shared<F, C, K, S>, denial: Denial) 
             StatusCode::TOO_MANY_REQUESTS
         }
         Denial::ExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        // The limiter's clock reads beyond 292 years: a server fault.
+        // The limiter is full, or its clock reads beyond 292 years: the
+        // server's condition, not the client's doing.
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     headers.insert(RATELIMIT_POLICY, shared.policy.clone());
