@@ -442,11 +442,13 @@ where
     /// Sets a floor under every written key's TTL (default none: the TTL
     /// is exactly the time until the bucket is full again).
     ///
-    /// Redis expires keys on its own clock. When the caller's timestamps do
-    /// not advance with real time (a simulation, a test with made-up
-    /// timestamps), a key could expire before the caller's timeline reaches
-    /// the instant its bucket is full, refilling it early; a floor longer
-    /// than such a run prevents that. A longer TTL never changes a decision,
+    /// Redis expires keys on its own clock, while the TTL is computed on
+    /// the caller's timeline. A writer whose clock runs `d` ahead of the
+    /// others sets TTLs `d` too short, and made-up timestamps (a
+    /// simulation, a test) may not advance in real time at all: a key could
+    /// then expire before the callers' timeline reaches the instant its
+    /// bucket is full, refilling it early. A floor above the clocks' largest
+    /// disagreement (or longer than such a run) prevents that. A longer TTL never changes a decision,
     /// it only keeps idle keys longer. The floor is capped at about 292
     /// years.
     ///
