@@ -12,7 +12,7 @@
 mod common;
 
 use common::{
-    api_key, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, MutexMap, SccWord, Spec,
+    api_key, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, MutexMap, SccBoxWord, Spec,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -105,7 +105,9 @@ fn main() {
     measure("dashmap_tuple", &|k| {
         bytes_per_key(k, |k| DashTuple::new(spec, k))
     });
-    measure("scc_word", &|k| bytes_per_key(k, |k| SccWord::new(spec, k)));
+    measure("scc_box_word", &|k| {
+        bytes_per_key(k, |k| SccBoxWord::new(spec, k))
+    });
     measure("atomic_floor", &|k| {
         bytes_per_key(k, |k| AtomicFloor::new(spec, k))
     });

@@ -25,7 +25,7 @@ mod common;
 
 use common::{
     api_key, mix, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, KeyrateHandle, MutexMap,
-    SccWord, Spec,
+    SccBoxWord, Spec,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hash::BuildHasher;
@@ -217,7 +217,10 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         "dashmap_tuple",
         make(keys, move |k| DashTuple::new(spec, k)),
     ));
-    all.push(("scc_word", make(keys, move |k| SccWord::new(spec, k))));
+    all.push((
+        "scc_box_word",
+        make(keys, move |k| SccBoxWord::new(spec, k)),
+    ));
     all.push((
         "atomic_floor",
         make(keys, move |k| AtomicFloor::new(spec, k)),

@@ -68,7 +68,7 @@ for path in sorted(glob.glob(out + "/run-*.tsv")):
         data[(group, func, param)] = float(rate)
     runs.append(data)
 order = ["keyrate", "keyrate_handle", "governor", "mutex_hashmap", "dashmap_tuple",
-         "scc_word", "atomic_floor"]
+         "scc_box_word", "atomic_floor"]
 groups = ["hot_admit", "hot_deny", "spread", "churn", "mixed"]
 targets = {("hot_deny", "1"): 1.5, ("hot_deny", "2"): 5, ("hot_admit", "1"): 1.5,
            ("hot_admit", "2"): 3, ("spread", "1"): 1.5, ("spread", "2"): 1.5,

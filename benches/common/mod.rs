@@ -291,17 +291,23 @@ fn gcra_cas(word: &AtomicU64, now: u64, cost: u32, spec: Spec) -> bool {
 }
 
 /// A prototype of a lock-free-read store, measured in the same harness: a
-/// GCRA word per key in `scc::HashIndex` (seeded foldhash). Lookups take no
-/// lock; only the first call for a key takes the bucket's writer lock.
-pub struct SccWord {
-    map: scc::HashIndex<String, AtomicU64, Fold>,
+/// boxed GCRA word per key in `scc::HashIndex` (seeded foldhash). Lookups
+/// take no lock and write no shared memory; only the first call for a key
+/// takes the bucket's writer lock.
+///
+/// The word must be boxed: `HashIndex` moves entries when it resizes, and a
+/// lock-free `peek_with` may then read a stale copy of the entry (scc
+/// documents this), so an atomic stored inline could take a spend that the
+/// map no longer holds. Through the box, every copy points to the same word.
+pub struct SccBoxWord {
+    map: scc::HashIndex<String, Box<AtomicU64>, Fold>,
     spec: Spec,
     keys: Arc<[String]>,
 }
 
-impl SccWord {
+impl SccBoxWord {
     pub fn new(spec: Spec, keys: Arc<[String]>) -> Self {
-        SccWord {
+        SccBoxWord {
             map: scc::HashIndex::with_hasher(Fold::default()),
             spec,
             keys,
@@ -309,7 +315,7 @@ impl SccWord {
     }
 }
 
-impl Competitor for SccWord {
+impl Competitor for SccBoxWord {
     type Local = ();
     fn local(&self) {}
     #[inline]
@@ -324,7 +330,7 @@ impl Competitor for SccWord {
         let entry = self
             .map
             .entry_sync(key.to_owned())
-            .or_insert_with(|| AtomicU64::new(0));
+            .or_insert_with(|| Box::new(AtomicU64::new(0)));
         gcra_cas(entry.get(), ns, cost, self.spec)
     }
 }
