@@ -65,7 +65,7 @@ pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 pub use crate::layer::{RateLimitLayer, RateLimitService};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
-    FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_PREFIX,
-    DEFAULT_REDIS_TIMEOUT,
+    BlockingRedisLimiter, FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError,
+    DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};

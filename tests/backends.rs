@@ -1,5 +1,6 @@
-//! One semantic suite, run on both backends: the in-memory
-//! `TokenBucketLimiter` and the Redis-backed `RedisLimiter`.
+//! One semantic suite, run on every backend: the in-memory
+//! `TokenBucketLimiter`, the Redis-backed `RedisLimiter`, and its blocking
+//! twin `BlockingRedisLimiter`.
 //!
 //! Every case is written once against the small `Backend` trait below and
 //! instantiated for each backend by `suite!`. The Redis cases need
@@ -10,7 +11,7 @@ mod common;
 mod redis_support;
 
 use common::model::{as_secs, Model, Outcome};
-use keyrate::{Denial, Quota, RedisLimiter, TokenBucketLimiter};
+use keyrate::{BlockingRedisLimiter, Denial, Quota, RedisLimiter, TokenBucketLimiter};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::collections::HashMap;
@@ -79,6 +80,46 @@ impl Backend for Redis {
         self.limiter
             .remaining(key, timestamp)
             .await
+            .unwrap_or_else(|err| panic!("Redis failed: {err}"))
+    }
+    async fn buckets(&self) -> usize {
+        redis_support::keys(&mut self.raw.clone(), &self.prefix)
+            .await
+            .len()
+    }
+}
+
+/// The blocking limiter, called from the async suite with
+/// `block_in_place` (the Redis cases run on a multi-threaded runtime).
+struct Blocking {
+    limiter: BlockingRedisLimiter,
+    raw: redis::aio::MultiplexedConnection,
+    prefix: String,
+}
+
+impl Backend for Blocking {
+    async fn new(quota: Quota) -> Option<Self> {
+        let url = redis_support::url()?;
+        let prefix = redis_support::unique_prefix("blocking");
+        let limiter = tokio::task::block_in_place(|| BlockingRedisLimiter::connect(&url, quota))
+            .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
+            .with_prefix(prefix.clone())
+            .with_min_ttl(Duration::from_secs(3600));
+        Some(Blocking {
+            limiter,
+            raw: redis_support::raw(&url).await,
+            prefix,
+        })
+    }
+    async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
+        tokio::task::block_in_place(|| self.limiter.check(key, timestamp, cost))
+            .unwrap_or_else(|err| panic!("Redis failed: {err}"))
+    }
+    async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        tokio::task::block_in_place(|| self.limiter.allow_n(key, timestamp, cost))
+    }
+    async fn remaining(&self, key: &str, timestamp: f64) -> Option<u64> {
+        tokio::task::block_in_place(|| self.limiter.remaining(key, timestamp))
             .unwrap_or_else(|err| panic!("Redis failed: {err}"))
     }
     async fn buckets(&self) -> usize {
@@ -351,6 +392,14 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case::<super::Redis>().await;
+                }
+            )*
+        }
+        mod on_redis_blocking {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<super::Blocking>().await;
                 }
             )*
         }

@@ -12,8 +12,8 @@ mod redis_support;
 
 use common::model::{Model, Outcome};
 use keyrate::{
-    Denial, FailurePolicy, Quota, RedisErrorKind, RedisLimiter, RedisLimiterError,
-    TokenBucketLimiter, MAX_TIMESTAMP_NANOS,
+    BlockingRedisLimiter, Denial, FailurePolicy, Quota, RedisErrorKind, RedisLimiter,
+    RedisLimiterError, TokenBucketLimiter, MAX_TIMESTAMP_NANOS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -47,6 +47,7 @@ fn decided(answer: Result<Result<u64, Denial>, RedisLimiterError>) -> Result<u64
 fn public_types_are_send_sync_debug() {
     fn check<T: Send + Sync + std::fmt::Debug>() {}
     check::<RedisLimiter>();
+    check::<BlockingRedisLimiter>();
     check::<RedisLimiterError>();
     check::<FailurePolicy>();
     check::<RedisErrorKind>();
@@ -392,6 +393,34 @@ async fn concurrent_spends_admit_exactly_capacity() {
     }
 }
 
+#[test]
+fn blocking_threads_admit_exactly_capacity() {
+    const CAPACITY: u64 = 100;
+    let Some(url) = url() else {
+        return;
+    };
+    let prefix = redis_support::unique_prefix("blocking_threads");
+    let admitted: u64 = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (url, prefix) = (&url, &prefix);
+                scope.spawn(move || {
+                    // Each thread its own limiter, so its own connection.
+                    let l = BlockingRedisLimiter::connect(url, quota(1.0, CAPACITY))
+                        .unwrap()
+                        .with_prefix(prefix.clone())
+                        .with_min_ttl(Duration::from_secs(3600));
+                    (0..50)
+                        .filter(|_| decided(l.check("hot", 7.0, 1)).is_ok())
+                        .count() as u64
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    assert_eq!(admitted, CAPACITY);
+}
+
 /// A redis-server process of the test's own, killed when dropped.
 struct Server {
     child: Child,
@@ -465,6 +494,16 @@ async fn server_killed_and_restarted() {
         .with_min_ttl(Duration::from_secs(3600));
     let open = closed.clone().with_failure_policy(FailurePolicy::Open);
     assert_eq!(decided(closed.check("k", 0.0, 1).await), Ok(4));
+    let blocking = tokio::task::block_in_place(|| {
+        BlockingRedisLimiter::connect(&url, quota(1.0, 5))
+            .expect("the fresh server answers")
+            .with_timeout(Duration::from_millis(500))
+            .with_min_ttl(Duration::from_secs(3600))
+    });
+    assert_eq!(
+        decided(tokio::task::block_in_place(|| blocking.check("b", 0.0, 1))),
+        Ok(4)
+    );
 
     server.kill();
     // While it is down: typed errors, never a panic, and the policies.
@@ -484,6 +523,17 @@ async fn server_killed_and_restarted() {
     assert!(!closed.allow("k", 0.0).await, "fail closed");
     assert!(open.allow("k", 0.0).await, "fail open");
     assert!(closed.remaining("k", 0.0).await.is_err());
+    tokio::task::block_in_place(|| {
+        let err = blocking.check("b", 0.0, 1).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                RedisErrorKind::Unavailable | RedisErrorKind::Timeout
+            ),
+            "{err}"
+        );
+        assert!(!blocking.allow("b", 0.0), "fail closed");
+    });
 
     // Back on the same port: the manager reconnects by itself. The new
     // server kept no data, so the bucket starts full again.
@@ -498,4 +548,16 @@ async fn server_killed_and_restarted() {
     }
     assert_eq!(back, Some(Ok(4)), "works again after the restart");
     assert_eq!(decided(open.check("k", 0.0, 1).await), Ok(3));
+    // The blocking limiter reconnects on its next call.
+    tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut back = None;
+        while back.is_none() && Instant::now() < deadline {
+            match blocking.check("b", 0.0, 1) {
+                Ok(decision) => back = Some(decision),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        assert_eq!(back, Some(Ok(4)), "blocking works again after the restart");
+    });
 }

@@ -12,11 +12,15 @@
 //! hold exactly. A denial writes nothing; an admission writes the new word
 //! with a TTL equal to the time until the bucket is full again.
 
+mod blocking;
+
+pub use self::blocking::BlockingRedisLimiter;
+
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::time::{nanos_from_secs, MAX_TIMESTAMP_NANOS};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use ::redis::{ErrorKind, RedisError, Script};
+use ::redis::{ErrorKind, RedisError, Script, ScriptInvocation};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -302,14 +306,8 @@ fn join(secs: i64, nanos: i64) -> Option<u64> {
 /// ```
 #[derive(Clone)]
 pub struct RedisLimiter<C = ConnectionManager> {
-    quota: Quota,
+    settings: Settings,
     connection: C,
-    script: Arc<Script>,
-    prefix: Arc<str>,
-    timeout: Duration,
-    /// The least TTL of a written key, in milliseconds.
-    min_ttl_ms: u64,
-    failure_policy: FailurePolicy,
 }
 
 impl RedisLimiter<ConnectionManager> {
@@ -381,13 +379,8 @@ where
     #[must_use]
     pub fn with_connection(connection: C, quota: Quota) -> Self {
         RedisLimiter {
-            quota,
+            settings: Settings::new(quota),
             connection,
-            script: Arc::new(Script::new(BUCKET_SCRIPT)),
-            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
-            timeout: DEFAULT_REDIS_TIMEOUT,
-            min_ttl_ms: 0,
-            failure_policy: FailurePolicy::default(),
         }
     }
 
@@ -411,7 +404,7 @@ where
     /// ```
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = Arc::from(prefix.into());
+        self.settings.prefix = Arc::from(prefix.into());
         self
     }
 
@@ -435,7 +428,7 @@ where
     /// ```
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.settings.timeout = timeout;
         self
     }
 
@@ -469,8 +462,7 @@ where
     /// ```
     #[must_use]
     pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
-        let cap = MAX_TIMESTAMP_NANOS / 1_000_000;
-        self.min_ttl_ms = u64::try_from(min_ttl.as_millis()).map_or(cap, |ms| ms.min(cap));
+        self.settings.set_min_ttl(min_ttl);
         self
     }
 
@@ -493,20 +485,20 @@ where
     /// ```
     #[must_use]
     pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = policy;
+        self.settings.failure_policy = policy;
         self
     }
 
     /// The quota every key's bucket follows.
     #[must_use]
     pub fn quota(&self) -> &Quota {
-        &self.quota
+        &self.settings.quota
     }
 
     /// The policy applied by the boolean calls when Redis cannot decide.
     #[must_use]
     pub fn failure_policy(&self) -> FailurePolicy {
-        self.failure_policy
+        self.settings.failure_policy
     }
 
     /// The Redis key that holds `key`'s bucket: the prefix, then the key.
@@ -514,10 +506,7 @@ where
     /// in nanoseconds, at which the bucket is full again.
     #[must_use]
     pub fn bucket_key(&self, key: &str) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + key.len());
-        out.push_str(&self.prefix);
-        out.push_str(key);
-        out
+        self.settings.bucket_key(key)
     }
 
     /// Spends one token from `key`'s bucket at `timestamp` (seconds, on
@@ -567,7 +556,7 @@ where
     /// ```
     #[must_use]
     pub async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
-        self.admits(self.check(key, timestamp, cost).await)
+        self.settings.admits(self.check(key, timestamp, cost).await)
     }
 
     /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
@@ -648,9 +637,9 @@ where
         at: Duration,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        match u64::try_from(at.as_nanos()) {
-            Ok(now) if now <= MAX_TIMESTAMP_NANOS => self.decide(key, Now::At(now), cost).await,
-            _ => Ok(Err(Denial::InvalidTimestamp)),
+        match nanos_from_duration(at) {
+            Some(now) => self.decide(key, Now::At(now), cost).await,
+            None => Ok(Err(Denial::InvalidTimestamp)),
         }
     }
 
@@ -687,7 +676,7 @@ where
             return Ok(None);
         };
         let reply = self.run(key, Now::At(now), 0).await?;
-        Ok(Some(gcra::tokens_at(reply.value, reply.now, &self.quota)))
+        Ok(Some(self.settings.tokens(reply)))
     }
 
     /// [`allow`](Self::allow) at Redis's own clock (`TIME`, microsecond
@@ -718,7 +707,7 @@ where
     /// [`allow_n`](Self::allow_n) at Redis's own clock.
     #[must_use]
     pub async fn allow_n_now(&self, key: &str, cost: u64) -> bool {
-        self.admits(self.check_now(key, cost).await)
+        self.settings.admits(self.check_now(key, cost).await)
     }
 
     /// [`check`](Self::check) at Redis's own clock.
@@ -741,14 +730,7 @@ where
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub async fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
         let reply = self.run(key, Now::Server, 0).await?;
-        Ok(gcra::tokens_at(reply.value, reply.now, &self.quota))
-    }
-
-    fn admits(&self, outcome: Result<Result<u64, Denial>, RedisLimiterError>) -> bool {
-        match outcome {
-            Ok(decision) => decision.is_ok(),
-            Err(_) => self.failure_policy.admits(),
-        }
+        Ok(self.settings.tokens(reply))
     }
 
     /// `gcra::decide`, with the bucket word in Redis.
@@ -758,37 +740,98 @@ where
         now: Now,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        // The checks `gcra::decide` makes before it reads the word, in its
-        // order; neither needs Redis unless the cost is 0 (which reads).
-        let spend = if cost == 0 {
-            0
-        } else if cost > self.quota.capacity() {
-            return Ok(Err(Denial::ExceedsCapacity {
-                cost,
-                capacity: self.quota.capacity(),
-            }));
-        } else {
-            // cost <= capacity, so the spend fits the window (see Quota::new).
-            self.quota
-                .spend(cost)
-                .ok_or_else(|| RedisLimiterError::reply("cost out of range"))?
+        let spend = match self.settings.spend(cost) {
+            Ok(spend) => spend,
+            Err(denial) => return Ok(Err(denial)),
         };
         let reply = self.run(key, now, spend).await?;
-        if reply.admitted {
-            return Ok(Ok(gcra::tokens_at(reply.value, reply.now, &self.quota)));
-        }
-        // In memory the missing refill saturates at u64::MAX before the
-        // window is subtracted; do the same so retry-after agrees even there.
-        let window = self.quota.window();
-        let missing = reply.value.saturating_add(window);
-        Ok(Err(Denial::InsufficientTokens {
-            retry_after: Duration::from_nanos(missing - window),
-        }))
+        Ok(self.settings.decision(reply))
     }
 
     /// Runs the script once on `key`: a decision, or a read when `spend`
     /// is 0.
     async fn run(&self, key: &str, now: Now, spend: u64) -> Result<Reply, RedisLimiterError> {
+        let invocation = self.settings.invocation(key, now, spend);
+        let mut connection = self.connection.clone();
+        let timeout = self.settings.timeout;
+        let answer = tokio::time::timeout(timeout, invocation.invoke_async(&mut connection))
+            .await
+            .map_err(|_| RedisLimiterError::timeout(timeout))??;
+        parse(answer)
+    }
+}
+
+impl<C> fmt::Debug for RedisLimiter<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the async and the blocking limiter share: the quota, the script,
+/// the key layout and the policies.
+#[derive(Clone)]
+struct Settings {
+    quota: Quota,
+    script: Arc<Script>,
+    prefix: Arc<str>,
+    timeout: Duration,
+    /// The least TTL of a written key, in milliseconds.
+    min_ttl_ms: u64,
+    failure_policy: FailurePolicy,
+}
+
+impl Settings {
+    fn new(quota: Quota) -> Self {
+        Settings {
+            quota,
+            script: Arc::new(Script::new(BUCKET_SCRIPT)),
+            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            min_ttl_ms: 0,
+            failure_policy: FailurePolicy::default(),
+        }
+    }
+
+    fn set_min_ttl(&mut self, min_ttl: Duration) {
+        let cap = MAX_TIMESTAMP_NANOS / 1_000_000;
+        self.min_ttl_ms = u64::try_from(min_ttl.as_millis()).map_or(cap, |ms| ms.min(cap));
+    }
+
+    fn bucket_key(&self, key: &str) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + key.len());
+        out.push_str(&self.prefix);
+        out.push_str(key);
+        out
+    }
+
+    fn admits(&self, outcome: Result<Result<u64, Denial>, RedisLimiterError>) -> bool {
+        match outcome {
+            Ok(decision) => decision.is_ok(),
+            Err(_) => self.failure_policy.admits(),
+        }
+    }
+
+    /// The checks `gcra::decide` makes before it reads the word, in its
+    /// order: `Ok(spend)` to ask Redis (0 for cost 0, which only reads), or
+    /// the denial decided without Redis.
+    fn spend(&self, cost: u64) -> Result<u64, Denial> {
+        if cost == 0 {
+            return Ok(0);
+        }
+        if cost > self.quota.capacity() {
+            return Err(Denial::ExceedsCapacity {
+                cost,
+                capacity: self.quota.capacity(),
+            });
+        }
+        // cost <= capacity, so the spend fits the window (see Quota::new).
+        Ok(self.quota.spend(cost).unwrap_or(u64::MAX))
+    }
+
+    /// The script call on `key` at `now` spending `spend` ns of refill.
+    fn invocation(&self, key: &str, now: Now, spend: u64) -> ScriptInvocation<'_> {
         let mut invocation = self.script.key(self.bucket_key(key));
         match now {
             Now::At(ns) => {
@@ -807,36 +850,62 @@ where
             .arg(window_secs)
             .arg(window_nanos)
             .arg(self.min_ttl_ms);
-        let mut connection = self.connection.clone();
-        let answer: Vec<i64> =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| RedisLimiterError::timeout(self.timeout))??;
-        let [admitted, value_secs, value_nanos, now_secs, now_nanos] = answer[..] else {
-            return Err(RedisLimiterError::reply("expected 5 integers"));
-        };
-        let value = join(value_secs, value_nanos)
-            .ok_or_else(|| RedisLimiterError::reply("bad value limbs"))?;
-        let now =
-            join(now_secs, now_nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
-        Ok(Reply {
-            admitted: admitted == 1,
-            value,
-            now,
+        invocation
+    }
+
+    /// The decision a reply carries, as `gcra::decide` would return it.
+    fn decision(&self, reply: Reply) -> Result<u64, Denial> {
+        if reply.admitted {
+            return Ok(self.tokens(reply));
+        }
+        // In memory the missing refill saturates at u64::MAX before the
+        // window is subtracted; do the same so retry-after agrees even there.
+        let window = self.quota.window();
+        let missing = reply.value.saturating_add(window);
+        Err(Denial::InsufficientTokens {
+            retry_after: Duration::from_nanos(missing - window),
         })
+    }
+
+    /// Whole tokens after an admission (or a read).
+    fn tokens(&self, reply: Reply) -> u64 {
+        gcra::tokens_at(reply.value, reply.now, &self.quota)
     }
 }
 
-impl<C> fmt::Debug for RedisLimiter<C> {
+impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisLimiter")
+        f.debug_struct("Settings")
             .field("quota", &self.quota)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("min_ttl_ms", &self.min_ttl_ms)
             .field("failure_policy", &self.failure_policy)
-            .finish_non_exhaustive()
+            .finish()
     }
+}
+
+/// The script's answer as a [`Reply`], or why it is not one.
+fn parse(answer: Vec<i64>) -> Result<Reply, RedisLimiterError> {
+    let [admitted, value_secs, value_nanos, now_secs, now_nanos] = answer[..] else {
+        return Err(RedisLimiterError::reply("expected 5 integers"));
+    };
+    let value =
+        join(value_secs, value_nanos).ok_or_else(|| RedisLimiterError::reply("bad value limbs"))?;
+    let now =
+        join(now_secs, now_nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
+    Ok(Reply {
+        admitted: admitted == 1,
+        value,
+        now,
+    })
+}
+
+/// A `Duration` timestamp as validated nanoseconds.
+fn nanos_from_duration(at: Duration) -> Option<u64> {
+    u64::try_from(at.as_nanos())
+        .ok()
+        .filter(|&ns| ns <= MAX_TIMESTAMP_NANOS)
 }
 
 #[cfg(test)]

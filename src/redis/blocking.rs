@@ -1,0 +1,310 @@
+//! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
+//! that are not in an async runtime.
+
+use super::{
+    nanos_from_duration, parse, FailurePolicy, Now, RedisErrorKind, RedisLimiterError, Reply,
+    Settings,
+};
+use crate::error::Denial;
+use crate::gcra::Quota;
+use crate::time::nanos_from_secs;
+use ::redis::{Client, Connection};
+use parking_lot::Mutex;
+use std::fmt;
+use std::time::Duration;
+
+/// The shortest timeout a socket accepts (a zero timeout is an error).
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// [`RedisLimiter`](crate::RedisLimiter) without async: the same decisions
+/// and the same script, over one plain connection.
+///
+/// Calls on one limiter take turns on its connection; give each thread its
+/// own limiter (they share the buckets through Redis) for parallel calls.
+/// After a connection error or a timeout the connection is dropped, and the
+/// next call opens a new one: reconnection is automatic. A timeout bounds
+/// each socket read and write, so one call waits at most about twice the
+/// timeout.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::{BlockingRedisLimiter, Quota};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+/// # let prefix = format!("keyrate-doc:{}:{:?}:", std::process::id(), std::time::SystemTime::now());
+/// let limiter = BlockingRedisLimiter::connect(&url, Quota::new(1.0, 3)?)?.with_prefix(prefix);
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(!limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 2.0));
+/// # Ok(())
+/// # }
+/// ```
+pub struct BlockingRedisLimiter {
+    settings: Settings,
+    client: Client,
+    /// The open connection; `None` after a failure, until the next call
+    /// reconnects.
+    connection: Mutex<Option<Connection>>,
+}
+
+impl BlockingRedisLimiter {
+    /// Connects to the Redis at `url` (such as `redis://127.0.0.1:6379`).
+    ///
+    /// # Errors
+    ///
+    /// [`RedisErrorKind::Config`] for a URL that is not a Redis URL;
+    /// [`RedisErrorKind::Unavailable`] or [`RedisErrorKind::Timeout`] when
+    /// no server answers within
+    /// [`DEFAULT_REDIS_TIMEOUT`](crate::DEFAULT_REDIS_TIMEOUT).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{BlockingRedisLimiter, Quota, RedisErrorKind};
+    ///
+    /// let err = BlockingRedisLimiter::connect("nonsense", Quota::new(1.0, 1).unwrap())
+    ///     .unwrap_err();
+    /// assert_eq!(err.kind(), RedisErrorKind::Config);
+    /// ```
+    pub fn connect(url: &str, quota: Quota) -> Result<Self, RedisLimiterError> {
+        let limiter = BlockingRedisLimiter {
+            settings: Settings::new(quota),
+            client: Client::open(url)?,
+            connection: Mutex::new(None),
+        };
+        *limiter.connection.lock() = Some(limiter.open()?);
+        Ok(limiter)
+    }
+
+    /// Sets the prefix of every bucket's Redis key, as
+    /// [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = std::sync::Arc::from(prefix.into());
+        self
+    }
+
+    /// Sets the timeout of each socket read and write and of each
+    /// connection attempt (default
+    /// [`DEFAULT_REDIS_TIMEOUT`](crate::DEFAULT_REDIS_TIMEOUT), at least
+    /// 1 ms); a call without an answer fails with
+    /// [`RedisErrorKind::Timeout`].
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout.max(MIN_TIMEOUT);
+        // The next call opens a connection with the new timeout.
+        *self.connection.get_mut() = None;
+        self
+    }
+
+    /// Sets a floor under every written key's TTL, as
+    /// [`RedisLimiter::with_min_ttl`](crate::RedisLimiter::with_min_ttl).
+    #[must_use]
+    pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.settings.set_min_ttl(min_ttl);
+        self
+    }
+
+    /// Sets what the boolean calls answer when Redis cannot decide
+    /// (default [`FailurePolicy::Closed`]).
+    #[must_use]
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.settings.failure_policy = policy;
+        self
+    }
+
+    /// The quota every key's bucket follows.
+    #[must_use]
+    pub fn quota(&self) -> &Quota {
+        &self.settings.quota
+    }
+
+    /// The policy applied by the boolean calls when Redis cannot decide.
+    #[must_use]
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.settings.failure_policy
+    }
+
+    /// The Redis key that holds `key`'s bucket: the prefix, then the key.
+    #[must_use]
+    pub fn bucket_key(&self, key: &str) -> String {
+        self.settings.bucket_key(key)
+    }
+
+    /// As [`RedisLimiter::allow`](crate::RedisLimiter::allow), blocking.
+    #[must_use]
+    pub fn allow(&self, key: &str, timestamp: f64) -> bool {
+        self.allow_n(key, timestamp, 1)
+    }
+
+    /// As [`RedisLimiter::allow_n`](crate::RedisLimiter::allow_n), blocking.
+    #[must_use]
+    pub fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        self.settings.admits(self.check(key, timestamp, cost))
+    }
+
+    /// As [`RedisLimiter::check`](crate::RedisLimiter::check), blocking.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis is unreachable, does not answer in
+    /// time, or answers with an error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{BlockingRedisLimiter, Denial, Quota};
+    /// # use std::time::Duration;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let prefix = format!("keyrate-doc:{}:{:?}:", std::process::id(), std::time::SystemTime::now());
+    /// let limiter = BlockingRedisLimiter::connect(&url, Quota::new(1.0, 3)?)?.with_prefix(prefix);
+    /// assert_eq!(limiter.check("k", 0.0, 2)?, Ok(1));
+    /// assert_eq!(
+    ///     limiter.check("k", 0.0, 2)?,
+    ///     Err(Denial::InsufficientTokens { retry_after: Duration::from_secs(1) })
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn check(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        match nanos_from_secs(timestamp) {
+            Some(now) => self.decide(key, Now::At(now), cost),
+            None => Ok(Err(Denial::InvalidTimestamp)),
+        }
+    }
+
+    /// As [`RedisLimiter::check_at`](crate::RedisLimiter::check_at),
+    /// blocking.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    pub fn check_at(
+        &self,
+        key: &str,
+        at: Duration,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        match nanos_from_duration(at) {
+            Some(now) => self.decide(key, Now::At(now), cost),
+            None => Ok(Err(Denial::InvalidTimestamp)),
+        }
+    }
+
+    /// As [`RedisLimiter::remaining`](crate::RedisLimiter::remaining),
+    /// blocking.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub fn remaining(&self, key: &str, timestamp: f64) -> Result<Option<u64>, RedisLimiterError> {
+        let Some(now) = nanos_from_secs(timestamp) else {
+            return Ok(None);
+        };
+        let reply = self.run(key, Now::At(now), 0)?;
+        Ok(Some(self.settings.tokens(reply)))
+    }
+
+    /// As [`RedisLimiter::allow_now`](crate::RedisLimiter::allow_now):
+    /// Redis's own clock, blocking.
+    #[must_use]
+    pub fn allow_now(&self, key: &str) -> bool {
+        self.allow_n_now(key, 1)
+    }
+
+    /// As [`RedisLimiter::allow_n_now`](crate::RedisLimiter::allow_n_now),
+    /// blocking.
+    #[must_use]
+    pub fn allow_n_now(&self, key: &str, cost: u64) -> bool {
+        self.settings.admits(self.check_now(key, cost))
+    }
+
+    /// As [`RedisLimiter::check_now`](crate::RedisLimiter::check_now),
+    /// blocking.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    pub fn check_now(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        self.decide(key, Now::Server, cost)
+    }
+
+    /// As [`RedisLimiter::remaining_now`](crate::RedisLimiter::remaining_now),
+    /// blocking.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
+        Ok(self.settings.tokens(self.run(key, Now::Server, 0)?))
+    }
+
+    fn decide(
+        &self,
+        key: &str,
+        now: Now,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let spend = match self.settings.spend(cost) {
+            Ok(spend) => spend,
+            Err(denial) => return Ok(Err(denial)),
+        };
+        Ok(self.settings.decision(self.run(key, now, spend)?))
+    }
+
+    fn run(&self, key: &str, now: Now, spend: u64) -> Result<Reply, RedisLimiterError> {
+        let invocation = self.settings.invocation(key, now, spend);
+        let mut slot = self.connection.lock();
+        let connection = match &mut *slot {
+            Some(connection) => connection,
+            None => slot.insert(self.open()?),
+        };
+        match invocation.invoke::<Vec<i64>>(connection) {
+            Ok(answer) => parse(answer),
+            Err(err) => {
+                let err = RedisLimiterError::from(err);
+                // After a socket error or a timeout the connection may be
+                // broken or hold a late answer: start afresh next time.
+                if err.kind() != RedisErrorKind::Script {
+                    *slot = None;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn open(&self) -> Result<Connection, RedisLimiterError> {
+        let timeout = self.settings.timeout.max(MIN_TIMEOUT);
+        let connection = self.client.get_connection_with_timeout(timeout)?;
+        connection.set_read_timeout(Some(timeout))?;
+        connection.set_write_timeout(Some(timeout))?;
+        Ok(connection)
+    }
+}
+
+impl fmt::Debug for BlockingRedisLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockingRedisLimiter")
+            .field("settings", &self.settings)
+            // try_lock: never wait for a call in progress just to print.
+            .field(
+                "connected",
+                &self.connection.try_lock().map(|c| c.is_some()),
+            )
+            .finish_non_exhaustive()
+    }
+}
