@@ -87,8 +87,16 @@ async fn run(addr: &str) -> Result<(), WsError> {
     let text = "la ".repeat(133) + "!";
     for n in 1..=1000 {
         let speak = json!({"type": "speak", "context_id": "spam", "text": text});
-        let reply = send(&mut abuser, speak).await?;
+        let mut reply = send(&mut abuser, speak).await?;
         print_reply(&format!("speak #{n} ({} chars)", text.len()), &reply);
+        if let Reply::Frame(frame) = &reply {
+            let strikes = (frame["strikes"].as_u64(), frame["max_strikes"].as_u64());
+            if matches!(strikes, (Some(strikes), Some(max)) if strikes >= max) {
+                // The last strike: the server closes right after this frame.
+                reply = receive(&mut abuser, Ok(())).await?;
+                print_reply("then", &reply);
+            }
+        }
         if let Reply::Closed(..) = reply {
             break;
         }
@@ -152,8 +160,18 @@ async fn send(socket: &mut Socket, request: Value) -> Result<Reply, WsError> {
     // A send can fail once the server has started closing; the close frame
     // it sent is still there to read.
     let sent = socket.send(Message::text(request.to_string())).await;
+    receive(socket, sent).await
+}
+
+/// Reads the server's next frame; `sent` is the outcome of the send before.
+async fn receive(socket: &mut Socket, sent: Result<(), WsError>) -> Result<Reply, WsError> {
     loop {
-        match socket.next().await {
+        let next = tokio::time::timeout(Duration::from_secs(10), socket.next()).await;
+        let Ok(next) = next else {
+            eprintln!("error: no answer from the server within 10 s");
+            std::process::exit(1);
+        };
+        match next {
             Some(Ok(Message::Text(text))) => {
                 let frame = serde_json::from_str(text.as_str()).unwrap_or(Value::Null);
                 return Ok(Reply::Frame(frame));

@@ -251,3 +251,27 @@ fn layer_and_service_are_send_and_sync() {
     let service: RateLimitService<_, _> = layer.layer(inner(&calls));
     send_sync(&service);
 }
+
+#[tokio::test]
+async fn a_full_limiter_answers_503_for_new_keys_only() {
+    let limiter = Arc::new(
+        TokenBucketLimiter::new(1.0, 2)
+            .with_clock(ManualClock::new())
+            .with_max_buckets(1),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut service = RateLimitLayer::new(limiter, bearer_token).layer(inner(&calls));
+    assert_eq!(
+        call(&mut service, bearer("first")).await.status(),
+        StatusCode::OK
+    );
+    let refused = call(&mut service, bearer("second")).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&refused, "retry-after"), None);
+    // The key that holds a bucket is unaffected.
+    assert_eq!(
+        call(&mut service, bearer("first")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(calls.load(Relaxed), 2);
+}
