@@ -1,13 +1,16 @@
 //! Model 6: eviction when the map's readers are not excluded by its writers.
 //!
-//! With a store whose reads take no lock (`IndexStore` over
-//! `scc::HashIndex` in `src/store.rs`), a spend can still be running on a
-//! bucket that a sweep has just removed from the map. What keeps the
-//! limiter exact is then the bucket's own protocol: eviction retires the
-//! word with a compare-and-swap *before* removing it, so a spend that
-//! reaches a removed bucket fails with `Retired` and looks the key up
-//! again. These models check that protocol with the real `Bucket::spend`
-//! and `Bucket::try_retire`, over a one-key map built here:
+//! The limiter's DashMap store holds a shard read lock while a spend runs,
+//! so a sweep (under the write lock) never overlaps one. A store whose
+//! reads take no lock (such as the `scc::HashIndex` prototype measured in
+//! `benches/common`) gives no such exclusion: a spend can still be running
+//! on a bucket that a sweep has just removed from the map. What keeps the
+//! limiter exact then is the bucket's own protocol, which `src/bucket.rs`
+//! already implements and promises: eviction retires the word with a
+//! compare-and-swap *before* removing it, so a spend that reaches a removed
+//! bucket fails with `Retired` and looks the key up again. These models
+//! check that protocol with the real `Bucket::spend` and
+//! `Bucket::try_retire`, over a one-key map built here:
 //!
 //! - the map holds one key; its value is the index of the current bucket
 //!   (0: absent) in a fixed array of buckets, one per generation;
