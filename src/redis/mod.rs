@@ -1,7 +1,7 @@
 //! The limiter with its buckets in Redis (feature `redis`): one budget per
 //! key shared by every process that talks to the same Redis.
 //!
-//! Each decision is one Lua script ([`bucket.lua`](./bucket.lua)), run
+//! Each decision is one Lua script (`src/redis/bucket.lua`), run
 //! atomically by Redis on a single key, so it works unchanged on Redis
 //! Cluster. The script applies the very rule of the in-memory limiter
 //! (`gcra::decide`): the key holds the bucket's word `full_at` in
