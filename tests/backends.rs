@@ -104,7 +104,8 @@ impl Backend for Blocking {
         let limiter = tokio::task::block_in_place(|| BlockingRedisLimiter::connect(&url, quota))
             .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
             .with_prefix(prefix.clone())
-            .with_min_ttl(Duration::from_secs(3600));
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(redis_support::TEST_TIMEOUT);
         Some(Blocking {
             limiter,
             raw: redis_support::raw(&url).await,

@@ -39,6 +39,10 @@ pub fn unique_prefix(test: &str) -> String {
     format!("keyrate-test:{test}:{}:{nanos}:{n}:", std::process::id())
 }
 
+/// The per-call timeout of the tests' limiters: far above any real call,
+/// so that a loaded machine cannot fail a test by being slow.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A limiter on the test server with its own prefix. Keys get a TTL floor
 /// of an hour: the tests' made-up timestamps do not advance in real time.
 pub async fn limiter(test: &str, quota: Quota) -> Option<RedisLimiter> {
@@ -49,7 +53,8 @@ pub async fn limiter(test: &str, quota: Quota) -> Option<RedisLimiter> {
     Some(
         limiter
             .with_prefix(unique_prefix(test))
-            .with_min_ttl(Duration::from_secs(3600)),
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(TEST_TIMEOUT),
     )
 }
 
