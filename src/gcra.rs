@@ -47,6 +47,11 @@ pub struct Quota {
     interval_den: u64,
     /// `spend(capacity)`: the refill an empty bucket needs to become full.
     window: u64,
+    /// `spend(1)`, the common case, computed once.
+    spend_one: u64,
+    /// The interval when it is a whole number of nanoseconds, else 0: then
+    /// `spend(cost)` is a multiplication, not a 128-bit division.
+    whole_interval: u64,
 }
 
 impl Quota {
@@ -105,7 +110,15 @@ impl Quota {
             interval_num: num,
             interval_den: den,
             window: 0,
+            spend_one: 0,
+            whole_interval: 0,
         };
+        // Fill the shortcuts only after computing them the general way.
+        let spend_one = quota.spend(1).ok_or(out_of_range)?;
+        if num % den_wide == 0 {
+            quota.whole_interval = spend_one;
+        }
+        quota.spend_one = spend_one;
         quota.window = quota
             .spend(capacity)
             .ok_or(ConfigError::WindowTooLong { capacity, rate })?;
@@ -155,6 +168,14 @@ impl Quota {
     /// an admitted call cost less than 1 ns of refill more than the exact
     /// model, never less.
     pub(crate) fn spend(&self, cost: u64) -> Option<u64> {
+        if cost == 1 && self.spend_one != 0 {
+            return Some(self.spend_one);
+        }
+        if self.whole_interval != 0 {
+            return cost
+                .checked_mul(self.whole_interval)
+                .filter(|&ns| ns <= MAX_TIMESTAMP_NANOS);
+        }
         let ns = mul_div_ceil(cost, self.interval_num, self.interval_den)?;
         u64::try_from(ns)
             .ok()
@@ -391,6 +412,30 @@ mod tests {
         assert!(Quota::new(1.0, 9_223_372_036).is_ok());
         assert!(Quota::new(1.0, 9_223_372_037).is_err());
         assert!(Quota::new(1.1e-10, 1).is_ok());
+    }
+
+    #[test]
+    fn shortcuts_agree_with_the_general_spend() {
+        for (rate, cap) in [
+            (1.0, 9),
+            (3.0, 9),
+            (0.25, 9),
+            (1e9, 9),
+            (0.1, 9),
+            (1000.0, 9),
+        ] {
+            let q = quota(rate, cap);
+            let general = Quota {
+                spend_one: 0,
+                whole_interval: 0,
+                ..q
+            };
+            for cost in [0, 1, 2, 3, 7, 9, 1 << 20, u64::MAX / 3, u64::MAX] {
+                assert_eq!(q.spend(cost), general.spend(cost), "{rate} {cost}");
+            }
+        }
+        assert_eq!(quota(4.0, 1).whole_interval, 250_000_000);
+        assert_eq!(quota(3.0, 1).whole_interval, 0);
     }
 
     #[test]

@@ -21,11 +21,31 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 /// Converts a timestamp in seconds to whole nanoseconds, exactly.
 ///
 /// Returns `None` for NaN, infinities, negative values and values above
-/// [`MAX_TIMESTAMP_NANOS`]. Rounding is to the nearest nanosecond (ties to
-/// even), computed by [`Duration::try_from_secs_f64`] from the exact binary
-/// value of `secs`, with no intermediate `f64` product.
+/// [`MAX_TIMESTAMP_NANOS`]. Rounding is to the nearest nanosecond, ties to
+/// even (as [`Duration::try_from_secs_f64`] does), computed from the exact
+/// binary value of `secs` with one 64x64-bit multiplication: this runs on
+/// every call, so it avoids the general conversion's extra work.
 pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
-    let nanos = Duration::try_from_secs_f64(secs).ok()?.as_nanos();
+    // Rejects NaN (every comparison is false), negatives, infinities and
+    // anything clearly beyond the range; -0.0 passes and becomes 0.
+    if !(secs >= 0.0 && secs < 9_223_372_037.0) {
+        return None;
+    }
+    let bits = secs.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as u32;
+    if biased < 1023 - 32 {
+        // secs < 2^-32 s (zero and subnormals included): below 0.5 ns.
+        return Some(0);
+    }
+    // secs = mantissa * 2^-shift, with 18 <= shift <= 1075 - (1023 - 32).
+    let mantissa = (bits & ((1 << 52) - 1)) | (1 << 52);
+    let shift = 1075 - biased;
+    let product = u128::from(mantissa) * 1_000_000_000; // exact: < 2^83
+    let whole = product >> shift;
+    let rest = product & ((1 << shift) - 1);
+    let half = 1u128 << (shift - 1);
+    let round_up = rest > half || (rest == half && whole & 1 == 1);
+    let nanos = whole + u128::from(round_up);
     u64::try_from(nanos)
         .ok()
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
@@ -183,6 +203,53 @@ mod tests {
         let expected = (t * 1e9_f64).round() as u64;
         let got = nanos_from_secs(t).unwrap();
         assert!(got.abs_diff(expected) <= 256, "{got} vs {expected}");
+    }
+
+    #[test]
+    fn agrees_with_std_exact_conversion() {
+        let std_nanos = |secs: f64| {
+            Duration::try_from_secs_f64(secs)
+                .ok()
+                .and_then(|d| u64::try_from(d.as_nanos()).ok())
+                .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
+        };
+        // Edge values, then a deterministic pseudo-random sweep of bit
+        // patterns and of decimal timestamps at every scale.
+        let mut values = vec![
+            0.0,
+            -0.0,
+            5e-324,
+            2.3e-10,
+            2.5e-10,
+            4.9e-10,
+            5e-10,
+            5.1e-10,
+            1.0 / 1024.0,
+            1.5e-9,
+            2.5e-9,
+            1.0,
+            1.7e9,
+            9_223_372_036.854_775,
+            9_223_372_036.854_776,
+            9_223_372_037.0,
+            f64::NAN,
+            f64::INFINITY,
+            -1.0,
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..200_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(f64::from_bits(x >> 1)); // any positive pattern
+            let scale = 10f64.powi((i % 22) as i32 - 12);
+            values.push((x >> 11) as f64 / (1u64 << 53) as f64 * scale);
+            // Exact half-nanosecond ties: odd multiples of 2^-k seconds.
+            values.push((2 * (x % 4096) + 1) as f64 / (1u64 << (10 + i % 20)) as f64);
+        }
+        for v in values {
+            assert_eq!(nanos_from_secs(v), std_nanos(v), "{v:e}");
+        }
     }
 
     #[test]
