@@ -28,7 +28,7 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
     // Rejects NaN (every comparison is false), negatives, infinities and
     // anything clearly beyond the range; -0.0 passes and becomes 0.
-    if !(secs >= 0.0 && secs < 9_223_372_037.0) {
+    if !(0.0..9_223_372_037.0).contains(&secs) {
         return None;
     }
     let bits = secs.to_bits();
