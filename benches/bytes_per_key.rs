@@ -84,6 +84,32 @@ fn bytes_per_key<C: Competitor>(keys: &Arc<[String]>, make: impl Fn(Arc<[String]
     (after - before) as f64 / keys.len() as f64
 }
 
+/// Live bytes per `u64` id: keyrate's `TokenBucketLimiter<u64>` beside
+/// governor keyed by `u64` (both over DashMap; governor's default clock, which
+/// only matters for timing, not for memory).
+fn bytes_per_u64_id(n: u64) -> (f64, f64) {
+    let before = LIVE.load(Relaxed);
+    let keyrate = keyrate::TokenBucketLimiter::<u64>::with_quota(
+        keyrate::Quota::new(1.0, 10).expect("valid quota"),
+    );
+    for id in 0..n {
+        assert!(keyrate.allow(&id, 0.0), "a new key is admitted");
+    }
+    let keyrate_bytes = (LIVE.load(Relaxed) - before) as f64 / n as f64;
+    drop(keyrate);
+
+    let before = LIVE.load(Relaxed);
+    let quota = governor::Quota::per_second(std::num::NonZeroU32::new(1).expect("nonzero"))
+        .allow_burst(std::num::NonZeroU32::new(10).expect("nonzero"));
+    let governor = governor::RateLimiter::<u64, _, _>::dashmap(quota);
+    for id in 0..n {
+        assert!(governor.check_key(&id).is_ok(), "a new key is admitted");
+    }
+    let governor_bytes = (LIVE.load(Relaxed) - before) as f64 / n as f64;
+    drop(governor);
+    (keyrate_bytes, governor_bytes)
+}
+
 fn main() {
     let counts = [10_000usize, 100_000, 1_000_000];
     let spec = Spec::ADMIT;
@@ -130,5 +156,17 @@ fn main() {
             print!(" {b:.1} | {:.2}x |", b / g);
         }
         println!();
+    }
+
+    println!();
+    println!("bytes per key for u64 ids (live requested heap bytes / keys)");
+    println!("| keys | keyrate | governor | keyrate vs governor |");
+    println!("|---:|---:|---:|---:|");
+    for n in counts {
+        let (keyrate, governor) = bytes_per_u64_id(n as u64);
+        println!(
+            "| {n} | {keyrate:.1} | {governor:.1} | {:.2}x |",
+            keyrate / governor
+        );
     }
 }
