@@ -190,3 +190,35 @@ fn sweep_races_a_handle_being_dropped() {
         },
     );
 }
+
+#[test]
+fn sweep_keyed_spend_and_handle_all_race() {
+    model(
+        "4 limiter: sweep vs keyed spend vs handle made and dropped",
+        || {
+            // Three threads at once: a handle is made (moving the bucket to a
+            // shared one), spends and is dropped; a keyed call follows the key
+            // to wherever its bucket is; a sweep may evict the bucket before,
+            // between or after. Both spends always fit and both must show.
+            let limiter = limiter_with_used_key();
+            let handle_thread = {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || limiter.bucket("k").allow(1.0))
+            };
+            let keyed_thread = {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || limiter.allow("k", 1.0))
+            };
+            let _ = limiter.sweep(1.0);
+            let by_handle = handle_thread.join().expect("the handle thread panicked");
+            let keyed = keyed_thread.join().expect("the keyed thread panicked");
+            assert!(keyed && by_handle, "both spends fit");
+            assert_eq!(limiter.len(), 1);
+            assert_eq!(
+                limiter.remaining("k", 1.0),
+                Some(0),
+                "an admitted spend was swallowed"
+            );
+        },
+    );
+}

@@ -77,8 +77,8 @@ impl Cell for loom_api::Bucket {
         match loom_api::Bucket::spend(self, op.now, op.cost, quota) {
             Ok(word) => Ok(word),
             Err(SpendError::Denied(denial)) => Err(denial),
-            // Nobody retires the buckets these programs run on.
-            Err(SpendError::Retired) => panic!("a bucket nobody retires answered Retired"),
+            // Nobody retires or moves the buckets these programs run on.
+            Err(other) => panic!("a bucket nobody retires or moves answered {other:?}"),
         }
     }
 

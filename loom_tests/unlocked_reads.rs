@@ -68,7 +68,8 @@ impl UnlockedReads {
                 match self.buckets[found].spend(now, cost, quota) {
                     Ok(word) => return Ok(word),
                     Err(SpendError::Denied(denial)) => return Err(denial),
-                    Err(SpendError::Retired) => {}
+                    // Retired (nothing here moves a bucket): look again.
+                    Err(_) => {}
                 }
             }
             let mut next = self.writer.lock().unwrap();
@@ -83,7 +84,7 @@ impl UnlockedReads {
             match self.buckets[found].spend(now, cost, quota) {
                 Ok(word) => return Ok(word),
                 Err(SpendError::Denied(denial)) => return Err(denial),
-                Err(SpendError::Retired) => {}
+                Err(_) => {}
             }
         }
     }
