@@ -6,9 +6,15 @@ use crate::sync::{AtomicU64, Ordering};
 
 /// The word of a bucket that has been removed from its map.
 ///
-/// A live word is at most `2 * (2^63 - 1)` (a timestamp plus a refill
-/// window), so `u64::MAX` is never a live value.
+/// A live word is at most `2^64 - 3` (a timestamp below `2^63` plus a
+/// refill window below `2^63 - 1`), so the two marker words below are never
+/// live values.
 pub(crate) const RETIRED: u64 = u64::MAX;
+
+/// The word of a map entry whose bucket has moved to a shared `Arc` (see
+/// `keyed::TokenBucketLimiter::bucket`): spends go to the shared bucket.
+/// Set under the map shard's write lock, and final.
+pub(crate) const SHARED: u64 = u64::MAX - 1;
 
 /// Why a spend did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +24,8 @@ pub(crate) enum SpendError {
     /// The bucket was retired (evicted) before this spend could land: the
     /// caller must look the key up again.
     Retired,
+    /// The bucket now lives in a shared `Arc`: the caller must spend there.
+    Shared,
 }
 
 /// One key's token bucket.
@@ -25,8 +33,9 @@ pub(crate) enum SpendError {
 pub(crate) struct Bucket {
     /// `full_at`: the instant, in nanoseconds of the caller's timeline, at
     /// which this bucket holds `capacity` tokens again (see `gcra`). Values
-    /// `0..=2^64 - 2` are live and only ever grow; [`RETIRED`] marks a
-    /// bucket that eviction has taken out of its map, and is final.
+    /// `0..=2^64 - 3` are live and only ever grow; [`RETIRED`] marks a
+    /// bucket that eviction has taken out of its map and [`SHARED`] an
+    /// entry whose bucket moved to an `Arc`; both are final.
     full_at: AtomicU64,
 }
 
@@ -57,6 +66,9 @@ impl Bucket {
             if current == RETIRED {
                 return Err(SpendError::Retired);
             }
+            if current == SHARED {
+                return Err(SpendError::Shared);
+            }
             let next = gcra::decide(current, now, cost, quota).map_err(SpendError::Denied)?;
             if next == current {
                 // Cost 0: admitted, nothing to write.
@@ -78,7 +90,18 @@ impl Bucket {
         }
     }
 
-    /// The current word (possibly [`RETIRED`]).
+    /// Moves this entry's bucket out: returns its word and leaves
+    /// [`SHARED`] in its place.
+    ///
+    /// Only called under the map shard's write lock, so no spend on this
+    /// word is in flight and none can start until the lock is released.
+    pub(crate) fn move_out(&self) -> u64 {
+        // Relaxed: the shard lock's release orders this store before any
+        // later reader of the entry; `swap` returns the value moved.
+        self.full_at.swap(SHARED, Ordering::Relaxed)
+    }
+
+    /// The current word (possibly a marker).
     pub(crate) fn word(&self) -> u64 {
         // Relaxed: a snapshot for reporting; it orders nothing else.
         self.full_at.load(Ordering::Relaxed)
@@ -96,9 +119,8 @@ impl Bucket {
         // alone decides which of a racing spend and the retirement wins.
         let mut current = self.full_at.load(Ordering::Relaxed);
         loop {
-            if current == RETIRED {
-                return false;
-            }
+            // Marker words are never full: `is_full` needs `current <= now`,
+            // and `now < 2^63`.
             if !gcra::is_full(current, now) {
                 return false;
             }

@@ -22,6 +22,11 @@ use std::time::Duration;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
+/// The largest refill a spend (and so the refill window) may use up:
+/// `2^63 - 2` ns, so that a live word (`now + missing <= 2^64 - 3`) never
+/// meets the bucket's two marker words.
+const MAX_SPEND_NANOS: u64 = MAX_TIMESTAMP_NANOS - 1;
+
 /// A bucket's shape: how many tokens it holds at most, and how fast it refills.
 ///
 /// The per-token interval `1e9 / rate` nanoseconds is kept as an exact
@@ -162,7 +167,7 @@ impl Quota {
     }
 
     /// The refill a call of `cost` tokens uses up: `ceil(cost * interval)`
-    /// nanoseconds, or `None` when that exceeds `2^63 - 1` ns.
+    /// nanoseconds, or `None` when that exceeds `2^63 - 2` ns.
     ///
     /// This ceiling is the only rounding in keyrate's arithmetic: it makes
     /// an admitted call cost less than 1 ns of refill more than the exact
@@ -174,12 +179,10 @@ impl Quota {
         if self.whole_interval != 0 {
             return cost
                 .checked_mul(self.whole_interval)
-                .filter(|&ns| ns <= MAX_TIMESTAMP_NANOS);
+                .filter(|&ns| ns <= MAX_SPEND_NANOS);
         }
         let ns = mul_div_ceil(cost, self.interval_num, self.interval_den)?;
-        u64::try_from(ns)
-            .ok()
-            .filter(|&ns| ns <= MAX_TIMESTAMP_NANOS)
+        u64::try_from(ns).ok().filter(|&ns| ns <= MAX_SPEND_NANOS)
     }
 
     /// Whole tokens held by a bucket lacking `missing` ns of refill.

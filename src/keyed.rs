@@ -1,6 +1,6 @@
 //! The per-key limiter: a sharded map from keys to buckets.
 
-use crate::bucket::{Bucket, SpendError};
+use crate::bucket::{Bucket, SpendError, RETIRED, SHARED};
 use crate::error::{ConfigError, Denial};
 use crate::gcra::{self, Quota};
 use crate::store::Map;
@@ -17,25 +17,6 @@ use std::hash::{BuildHasher, Hash};
 /// is seeded from a per-process random value and costs a few nanoseconds on
 /// a 40-byte key (SipHash, std's default, costs about four times as much).
 pub type DefaultHasher = foldhash::fast::RandomState;
-
-/// A map value: the bucket inline, or shared with live [`BucketHandle`]s.
-enum Slot {
-    Inline(Bucket),
-    Shared(Arc<Bucket>),
-}
-
-impl Slot {
-    fn new() -> Self {
-        Slot::Inline(Bucket::new())
-    }
-
-    fn bucket(&self) -> &Bucket {
-        match self {
-            Slot::Inline(bucket) => bucket,
-            Slot::Shared(bucket) => bucket,
-        }
-    }
-}
 
 /// A per-key token-bucket rate limiter, shared by reference between threads.
 ///
@@ -69,7 +50,13 @@ impl Slot {
 /// ```
 pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     quota: Quota,
-    buckets: Map<K, Slot, S>,
+    /// Each key's bucket, inline: one word per entry. An entry whose word is
+    /// `SHARED` has moved its bucket to `shared`.
+    buckets: Map<K, Bucket, S>,
+    /// The buckets of keys that have had a [`BucketHandle`], behind an
+    /// `Arc` the handles share. Lock order: an entry's shard in `buckets`
+    /// first, then `shared`, everywhere.
+    shared: Map<K, Arc<Bucket>, S>,
     /// Bucket accounting for the cap and the automatic sweep.
     occupancy: Occupancy,
     /// Read by the `*_now` methods only.
@@ -162,7 +149,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
         TokenBucketLimiter {
             quota,
-            buckets: Map::with_hasher(hasher),
+            buckets: Map::with_hasher(hasher.clone()),
+            shared: Map::with_hasher(hasher),
             occupancy: Occupancy::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
         }
@@ -454,9 +442,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     {
         let word = self
             .buckets
-            .read(key, |slot| slot.bucket().word())
+            .read(key, |bucket| match bucket.word() {
+                SHARED => self.shared.read(key, |shared| shared.word()),
+                word => Some(word),
+            })
+            .flatten()
             .unwrap_or(0);
-        if word == crate::bucket::RETIRED {
+        if word == RETIRED {
             // Retired buckets are full by construction.
             return Some(self.quota.capacity());
         }
@@ -473,13 +465,23 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // Fast path: the key exists. The shard read lock is held while
             // the bucket's compare-and-swap runs, and released before any
             // other call on the map.
-            let fast = self
-                .buckets
-                .read(key, |slot| slot.bucket().spend(now, cost, &self.quota));
+            let fast = self.buckets.read(key, |bucket| {
+                match bucket.spend(now, cost, &self.quota) {
+                    // The bucket moved to a handle's `Arc` (lock order:
+                    // this shard, then `shared`). A `SHARED` word always has
+                    // its `shared` entry: both change under this shard's
+                    // write lock.
+                    Err(SpendError::Shared) => self
+                        .shared
+                        .read(key, |shared| shared.spend(now, cost, &self.quota))
+                        .unwrap_or(Err(SpendError::Retired)),
+                    other => other,
+                }
+            });
             match fast {
                 Some(Ok(word)) => return Ok(word),
                 Some(Err(SpendError::Denied(denial))) => return Err(denial),
-                Some(Err(SpendError::Retired)) | None => {}
+                Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
             }
             // A call that would change nothing on a full bucket (cost 0) or
             // be denied even there (cost > capacity) creates no bucket.
@@ -492,9 +494,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             match self.create(key, now, cost) {
                 Some(Ok(word)) => return Ok(word),
                 Some(Err(SpendError::Denied(denial))) => return Err(denial),
-                // Retired under us, or created by another thread while the
-                // cap was reached: look the key up again.
-                Some(Err(SpendError::Retired)) | None => {}
+                // Retired or moved to a handle under us, or created by
+                // another thread while the cap was reached: look it up again.
+                Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
             }
         }
     }
@@ -525,9 +527,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             key,
             || {
                 inserted = true;
-                Slot::new()
+                Bucket::new()
             },
-            |slot| slot.bucket().spend(now, cost, &self.quota),
+            |bucket| bucket.spend(now, cost, &self.quota),
         );
         if !inserted {
             occupancy.release(1);
@@ -570,17 +572,22 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let mut inserted = false;
         let init = || {
             inserted = true;
-            Slot::new()
+            Bucket::new()
         };
-        let bucket = self.buckets.write(key, init, |slot| match slot {
-            Slot::Shared(bucket) => Arc::clone(bucket),
-            Slot::Inline(bucket) => {
-                // Under the write lock no spend is in flight on the inline
-                // word, so moving its value loses nothing.
-                let shared = Arc::new(Bucket::with_word(bucket.word()));
-                *slot = Slot::Shared(Arc::clone(&shared));
-                shared
-            }
+        let bucket = self.buckets.write(key, init, |bucket| {
+            // Under the shard's write lock no spend is in flight on the
+            // inline word, so moving its value out loses nothing; later
+            // keyed calls see `SHARED` and follow it to the `Arc`.
+            let moved = match bucket.word() {
+                SHARED => 0, // already shared: `init` below does not run
+                _ => bucket.move_out(),
+            };
+            // Lock order: this shard, then `shared`.
+            self.shared.write(
+                key,
+                || Arc::new(Bucket::with_word(moved)),
+                |shared| Arc::clone(shared),
+            )
         });
         if inserted {
             self.occupancy.add(1);
@@ -634,8 +641,16 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     fn sweep_nanos(&self, now: u64) -> usize {
         let mut removed = 0;
-        self.buckets.retain(|slot| {
-            let evict = retire(slot, now);
+        self.buckets.retain(|key, bucket| {
+            let evict = match bucket.word() {
+                // Lock order: this shard (held by `retain`), then `shared`.
+                // A live handle keeps its bucket. The count cannot rise
+                // meanwhile: new handles are made under this shard's lock.
+                SHARED => self.shared.remove_if(key, |shared| {
+                    Arc::strong_count(shared) == 1 && shared.try_retire(now)
+                }),
+                _ => bucket.try_retire(now),
+            };
             removed += usize::from(evict);
             !evict
         });
@@ -646,6 +661,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Releases memory the map no longer needs after a sweep.
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
+        self.shared.shrink_to_fit();
     }
 }
 
@@ -733,16 +749,6 @@ impl Occupancy {
     fn release(&self, n: usize) {
         // Relaxed: see `reserve`.
         self.held.fetch_sub(n, Ordering::Relaxed);
-    }
-}
-
-/// Retires `slot`'s bucket if it may be dropped at `now`.
-fn retire(slot: &Slot, now: u64) -> bool {
-    match slot {
-        Slot::Inline(bucket) => bucket.try_retire(now),
-        // A live handle keeps its bucket. The count cannot rise while the
-        // caller holds the shard's write lock: new handles are made under it.
-        Slot::Shared(bucket) => Arc::strong_count(bucket) == 1 && bucket.try_retire(now),
     }
 }
 
@@ -846,8 +852,9 @@ impl BucketHandle {
             Ok(word) => Ok(gcra::tokens_at(word, now, &self.quota)),
             Err(SpendError::Denied(denial)) => Err(denial),
             // Unreachable: eviction never retires a bucket that a live handle
-            // shares (see `retire`). Fail closed rather than panic.
-            Err(SpendError::Retired) => Err(Denial::InvalidTimestamp),
+            // shares (see `sweep_nanos`), and a shared bucket is never moved
+            // again. Fail closed rather than panic.
+            Err(SpendError::Retired | SpendError::Shared) => Err(Denial::InvalidTimestamp),
         }
     }
 

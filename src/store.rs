@@ -54,10 +54,22 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         f(&mut value)
     }
 
-    /// Keeps the values for which `keep` returns true, each shard under its
-    /// write lock.
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
-        self.inner.retain(|_, value| keep(value));
+    /// Keeps the entries for which `keep` returns true, each shard under
+    /// its write lock.
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        self.inner.retain(|key, value| keep(key, value));
+    }
+
+    /// Removes `key` if `remove` returns true for its value, under the
+    /// shard's write lock; returns whether it did.
+    pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner
+            .remove_if(key, |_, value| remove(value))
+            .is_some()
     }
 
     pub(crate) fn shrink_to_fit(&self) {
@@ -104,8 +116,24 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         f(map.entry(key.to_owned()).or_insert_with(init))
     }
 
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
-        self.inner.write().unwrap().retain(|_, value| keep(value));
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        self.inner
+            .write()
+            .unwrap()
+            .retain(|key, value| keep(key, value));
+    }
+
+    pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let mut map = self.inner.write().unwrap();
+        if map.get(key).is_some_and(remove) {
+            map.remove(key);
+            return true;
+        }
+        false
     }
 
     pub(crate) fn shrink_to_fit(&self) {
