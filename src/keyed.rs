@@ -492,18 +492,18 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             }
             // Slow path: first call for this key.
             match self.create(key, now, cost) {
-                Some(Ok(word)) => return Ok(word),
-                Some(Err(SpendError::Denied(denial))) => return Err(denial),
-                // Retired or moved to a handle under us, or created by
-                // another thread while the cap was reached: look it up again.
-                Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
+                Ok(word) => return Ok(word),
+                Err(SpendError::Denied(denial)) => return Err(denial),
+                // Moved to a handle under us (or retired, which the shard
+                // lock rules out): look the key up again.
+                Err(SpendError::Retired | SpendError::Shared) => {}
             }
         }
     }
 
     /// Creates `key`'s bucket (unless another thread just did) and spends
-    /// from it; `None` when the key turned out to exist after all.
-    fn create<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, SpendError>>
+    /// from it.
+    fn create<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -512,29 +512,18 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         if occupancy.sweep_due() {
             self.sweep_nanos(now);
         }
-        if !occupancy.reserve() {
-            if self.buckets.read(key, |_| ()).is_some() {
-                return None;
-            }
-            return Some(Err(SpendError::Denied(Denial::LimiterFull {
-                max_buckets: occupancy.max_buckets,
-            })));
-        }
-        // The write lock makes two racing first calls end up on the same
-        // bucket; the key is cloned only if it is absent.
-        let mut inserted = false;
-        let result = self.buckets.write(
+        // The shard's write lock makes two racing first calls end up on the
+        // same bucket, and the place under the cap is reserved under it only
+        // when the key is absent, so a racing creation of the same key is
+        // never refused. The key is cloned only here.
+        let result = self.buckets.try_write(
             key,
-            || {
-                inserted = true;
-                Bucket::new()
-            },
+            || occupancy.reserve().then(Bucket::new),
             |bucket| bucket.spend(now, cost, &self.quota),
         );
-        if !inserted {
-            occupancy.release(1);
-        }
-        Some(result)
+        result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
+            max_buckets: occupancy.max_buckets,
+        })))
     }
 
     /// A handle on `key`'s bucket that spends with no map lookup, for a

@@ -54,6 +54,26 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         f(&mut value)
     }
 
+    /// Like [`write`](Self::write), but `init` may decline to insert
+    /// (returning `None`), in which case nothing is inserted and `None` is
+    /// returned. `init` runs under the shard's write lock, only if the key
+    /// is absent.
+    pub(crate) fn try_write<Q, R>(
+        &self,
+        key: &Q,
+        init: impl FnOnce() -> Option<V>,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        match self.inner.entry(key.to_owned()) {
+            dashmap::Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
+            dashmap::Entry::Vacant(entry) => Some(f(&mut entry.insert(init()?))),
+        }
+    }
+
     /// Keeps the entries for which `keep` returns true, each shard under
     /// its write lock.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
@@ -114,6 +134,24 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     {
         let mut map = self.inner.write().unwrap();
         f(map.entry(key.to_owned()).or_insert_with(init))
+    }
+
+    pub(crate) fn try_write<Q, R>(
+        &self,
+        key: &Q,
+        init: impl FnOnce() -> Option<V>,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        use std::collections::hash_map::Entry;
+        let mut map = self.inner.write().unwrap();
+        match map.entry(key.to_owned()) {
+            Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
+            Entry::Vacant(entry) => Some(f(entry.insert(init()?))),
+        }
     }
 
     pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
