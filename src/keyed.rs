@@ -23,8 +23,14 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// Each key has its own bucket of up to `capacity` tokens, refilled at
 /// `rate` tokens per second; a call of cost `n` is admitted if the bucket
 /// holds at least `n` tokens, and then spends them. A new key starts full.
-/// Timestamps are `f64` seconds on any timeline the caller chooses (they
-/// only need to be consistent per key), rounded to whole nanoseconds.
+/// Timestamps are `f64` seconds on any timeline the caller chooses, rounded
+/// to whole nanoseconds. Use one timeline for every key (one clock, or Unix
+/// time): the automatic sweep (on by default) evicts the buckets that are
+/// full at the timestamp of the call that triggers it, so a key whose
+/// timestamps lag far behind that call's (another timeline, or a call
+/// stamped long before it arrives) can lose its deficit. With per-key
+/// timelines, turn the sweep off ([`with_auto_sweep`](Self::with_auto_sweep))
+/// and [`sweep`](Self::sweep) yourself.
 ///
 /// All methods take `&self`: share the limiter with an [`Arc`](std::sync::Arc)
 /// or a `static`.
