@@ -27,8 +27,8 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// to whole nanoseconds. Use one timeline for every key (one clock, or Unix
 /// time): the automatic sweep (on by default) evicts the buckets that are
 /// full at the timestamp of the call that triggers it, so a key whose
-/// timestamps lag far behind that call's (another timeline, or a call
-/// stamped long before it arrives) can lose its deficit. With per-key
+/// timestamps lag behind that call's (another timeline, or a call that
+/// arrives after a sweep stamped later than itself) can lose its deficit. With per-key
 /// timelines, turn the sweep off ([`with_auto_sweep`](Self::with_auto_sweep))
 /// and [`sweep`](Self::sweep) yourself.
 ///
