@@ -204,6 +204,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn with_max_buckets(mut self, max_buckets: usize) -> Self {
         self.occupancy.max_buckets = max_buckets;
+        // Buckets made before the cap count toward it.
+        self.occupancy.held = CachePadded::new(AtomicUsize::new(self.buckets.len()));
         self
     }
 
@@ -649,7 +651,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             removed += usize::from(evict);
             !evict
         });
-        self.occupancy.swept(removed);
+        self.occupancy.swept(removed, self.buckets.len());
         removed
     }
 
@@ -662,8 +664,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
 /// Counts buckets for the cap, and paces the automatic sweep.
 struct Occupancy {
-    /// Buckets held, plus places reserved by creations in flight. Bounded
-    /// by `max_buckets` (`usize::MAX` when there is no cap).
+    /// Buckets held, plus places reserved by creations in flight, bounded
+    /// by `max_buckets`. Kept only when there is a cap, so that without one
+    /// creating a bucket writes one shared counter (`pressure`), not two.
     held: CachePadded<AtomicUsize>,
     /// Calls that tried to create a bucket since the last sweep.
     pressure: CachePadded<AtomicUsize>,
@@ -708,22 +711,29 @@ impl Occupancy {
         !self.sweeping.swap(true, Ordering::Acquire)
     }
 
-    /// Records a finished sweep that removed `removed` buckets.
-    fn swept(&self, removed: usize) {
+    /// Records a finished sweep that removed `removed` buckets and left
+    /// `remaining`.
+    fn swept(&self, removed: usize, remaining: usize) {
         // Relaxed: see `sweep_due`.
         self.release(removed);
-        let held = self.held.load(Ordering::Relaxed);
         self.pressure.store(0, Ordering::Relaxed);
         self.sweep_at
-            .store(held.max(MIN_SWEEP_INTERVAL), Ordering::Relaxed);
+            .store(remaining.max(MIN_SWEEP_INTERVAL), Ordering::Relaxed);
         // Release pairs with the Acquire in `sweep_due`. An explicit sweep
         // that ran without the flag clears it too, which at worst lets two
         // sweeps overlap; both are correct, just redundant.
         self.sweeping.store(false, Ordering::Release);
     }
 
+    fn capped(&self) -> bool {
+        self.max_buckets != usize::MAX
+    }
+
     /// Reserves a place for a new bucket; false when the cap is reached.
     fn reserve(&self) -> bool {
+        if !self.capped() {
+            return true;
+        }
         // Relaxed: the counter alone decides; the fetch_add makes concurrent
         // reservations see each other, so at most `max_buckets` succeed.
         let before = self.held.fetch_add(1, Ordering::Relaxed);
@@ -736,12 +746,18 @@ impl Occupancy {
 
     /// Counts `n` buckets created outside `reserve` (handles).
     fn add(&self, n: usize) {
+        if !self.capped() {
+            return;
+        }
         // Relaxed: see `reserve`.
         self.held.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Gives back `n` places (buckets removed, or a reservation unused).
     fn release(&self, n: usize) {
+        if !self.capped() {
+            return;
+        }
         // Relaxed: see `reserve`.
         self.held.fetch_sub(n, Ordering::Relaxed);
     }

@@ -207,3 +207,19 @@ proptest! {
         prop_assert!(on.len() <= off.len());
     }
 }
+
+#[test]
+fn a_cap_set_later_counts_the_buckets_already_held() {
+    let limiter = TokenBucketLimiter::new(1.0, 1);
+    assert!(limiter.allow("a", 0.0));
+    assert!(limiter.allow("b", 0.0));
+    let limiter = limiter.with_max_buckets(2);
+    assert_eq!(
+        limiter.check("c", 0.0, 1),
+        Err(Denial::LimiterFull { max_buckets: 2 })
+    );
+    assert_eq!(limiter.sweep(1.0), 2);
+    assert!(limiter.allow("c", 1.0));
+    assert!(limiter.allow("d", 1.0));
+    assert!(!limiter.allow("e", 1.0));
+}
