@@ -17,7 +17,7 @@
 //! A brand-new bucket is the word `0`: full at every valid timestamp.
 
 use crate::error::{ConfigError, Denial};
-use crate::time::{decompose, MAX_TIMESTAMP_NANOS};
+use crate::time::MAX_TIMESTAMP_NANOS;
 use std::time::Duration;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
@@ -194,6 +194,20 @@ impl Quota {
         // n <= available * den / num. available < 2^63 and den < 2^64.
         let n = u128::from(available) * u128::from(self.interval_den) / self.interval_num;
         u64::try_from(n).unwrap_or(u64::MAX).min(self.capacity)
+    }
+}
+
+/// Splits a finite, positive `f64` into `(mantissa, exponent)` with
+/// `value == mantissa * 2^exponent` exactly.
+fn decompose(value: f64) -> (u64, i32) {
+    let bits = value.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    let fraction = bits & ((1 << 52) - 1);
+    if biased == 0 {
+        // Subnormal: no implicit leading one.
+        (fraction, -1074)
+    } else {
+        (fraction | (1 << 52), biased - 1075)
     }
 }
 
@@ -439,6 +453,15 @@ mod tests {
         }
         assert_eq!(quota(4.0, 1).whole_interval, 250_000_000);
         assert_eq!(quota(3.0, 1).whole_interval, 0);
+    }
+
+    #[test]
+    fn decompose_is_exact() {
+        for v in [1.0, 0.25, 3.0, 0.1, 1e-300, 5e-324, 1.7e9, f64::MAX] {
+            let (m, e) = decompose(v);
+            let back = (m as f64) * 2f64.powi(e.max(-1022)) * 2f64.powi((e + 1022).min(0));
+            assert_eq!(back, v, "{v}");
+        }
     }
 
     #[test]

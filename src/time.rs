@@ -51,20 +51,6 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
 }
 
-/// Splits a finite, positive `f64` into `(mantissa, exponent)` with
-/// `value == mantissa * 2^exponent` exactly.
-pub(crate) fn decompose(value: f64) -> (u64, i32) {
-    let bits = value.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i32;
-    let fraction = bits & ((1 << 52) - 1);
-    if biased == 0 {
-        // Subnormal: no implicit leading one.
-        (fraction, -1074)
-    } else {
-        (fraction | (1 << 52), biased - 1075)
-    }
-}
-
 /// A source of "now" for the limiter methods that take no timestamp
 /// ([`TokenBucketLimiter::allow_now`](crate::TokenBucketLimiter::allow_now)
 /// and friends).
@@ -263,14 +249,5 @@ mod tests {
         // 2^63 ns is one past the maximum.
         assert_eq!(nanos_from_secs(9_223_372_036.854_776), None);
         assert!(nanos_from_secs(9_223_372_036.0).is_some());
-    }
-
-    #[test]
-    fn decompose_is_exact() {
-        for v in [1.0, 0.25, 3.0, 0.1, 1e-300, 5e-324, 1.7e9, f64::MAX] {
-            let (m, e) = decompose(v);
-            let back = (m as f64) * 2f64.powi(e.max(-1022)) * 2f64.powi((e + 1022).min(0));
-            assert_eq!(back, v, "{v}");
-        }
     }
 }
