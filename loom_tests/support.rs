@@ -87,15 +87,18 @@ impl Cell for loom_api::Bucket {
     }
 }
 
-/// Runs each program on its own loom thread against one cell starting at
-/// `initial`; returns the outcome. Call inside a loom model.
-pub fn run_programs<C: Cell>(initial: u64, programs: &[Vec<Op>], quota: Quota) -> Outcome {
-    let cell = loom::sync::Arc::new(C::with_word(initial));
+/// Runs each program on its own loom thread against `cell`, and returns
+/// each thread's answers, in program order. Call inside a loom model.
+pub fn spend_programs<C: Cell>(
+    cell: &loom::sync::Arc<C>,
+    programs: &[Vec<Op>],
+    quota: Quota,
+) -> Vec<Vec<Answer>> {
     let threads: Vec<_> = programs
         .iter()
         .cloned()
         .map(|program| {
-            let cell = loom::sync::Arc::clone(&cell);
+            let cell = loom::sync::Arc::clone(cell);
             loom::thread::spawn(move || {
                 program
                     .iter()
@@ -104,10 +107,17 @@ pub fn run_programs<C: Cell>(initial: u64, programs: &[Vec<Op>], quota: Quota) -
             })
         })
         .collect();
-    let answers = threads
+    threads
         .into_iter()
         .map(|thread| thread.join().expect("a model thread panicked"))
-        .collect();
+        .collect()
+}
+
+/// Runs each program on its own loom thread against one cell starting at
+/// `initial`; returns the outcome. Call inside a loom model.
+pub fn run_programs<C: Cell>(initial: u64, programs: &[Vec<Op>], quota: Quota) -> Outcome {
+    let cell = loom::sync::Arc::new(C::with_word(initial));
+    let answers = spend_programs(&cell, programs, quota);
     (answers, cell.word())
 }
 

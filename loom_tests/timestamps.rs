@@ -9,7 +9,7 @@
 //! or after every word a spend installed.
 
 use crate::support::{
-    admitted_tokens, assert_sequential, model, quota, Cell, LoadThenStore, Op, SEC,
+    admitted_tokens, assert_sequential, model, quota, spend_programs, Cell, LoadThenStore, Op, SEC,
 };
 use keyrate::loom_api::Bucket;
 
@@ -26,23 +26,7 @@ fn check_timestamps<C: Cell>(capacity: u64, programs: &[Vec<Op>]) {
             (first, second)
         })
     };
-    let spenders: Vec<_> = programs
-        .iter()
-        .cloned()
-        .map(|program| {
-            let cell = loom::sync::Arc::clone(&cell);
-            loom::thread::spawn(move || {
-                program
-                    .iter()
-                    .map(|&op| cell.spend(op, &quota))
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let answers: Vec<_> = spenders
-        .into_iter()
-        .map(|thread| thread.join().expect("a spender panicked"))
-        .collect();
+    let answers = spend_programs(&cell, programs, quota);
     let (first, second) = observer.join().expect("the observer panicked");
     let word = cell.word();
     assert!(
