@@ -5,7 +5,7 @@ use crate::error::{ConfigError, Denial};
 use crate::gcra::{self, Quota};
 use crate::store::Map;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
-use crate::time::{nanos_from_clock, nanos_from_secs, Clock, MonotonicClock};
+use crate::time::{nanos_from_duration, nanos_from_secs, Clock, MonotonicClock};
 use crossbeam_utils::CachePadded;
 use std::borrow::Borrow;
 use std::fmt;
@@ -276,7 +276,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = nanos_from_clock(&*self.clock).ok_or(Denial::InvalidTimestamp)?;
+        let now = nanos_from_duration(self.clock.now()).ok_or(Denial::InvalidTimestamp)?;
         self.check_nanos(key, now, cost)
     }
 
@@ -287,7 +287,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.remaining_nanos(key, nanos_from_clock(&*self.clock)?)
+        self.remaining_nanos(key, nanos_from_duration(self.clock.now())?)
     }
 
     /// The quota every key's bucket follows.
@@ -630,7 +630,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// [`sweep`](Self::sweep) at the limiter's clock reading.
     pub fn sweep_now(&self) -> usize {
-        match nanos_from_clock(&*self.clock) {
+        match nanos_from_duration(self.clock.now()) {
             Some(now) => self.sweep_nanos(now),
             None => 0,
         }
@@ -854,7 +854,7 @@ impl BucketHandle {
     ///
     /// As [`check`](Self::check).
     pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
-        let now = nanos_from_clock(&*self.clock).ok_or(Denial::InvalidTimestamp)?;
+        let now = nanos_from_duration(self.clock.now()).ok_or(Denial::InvalidTimestamp)?;
         self.check_nanos(now, cost)
     }
 

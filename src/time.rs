@@ -157,9 +157,10 @@ impl Clock for ManualClock {
     }
 }
 
-/// A clock reading as validated nanoseconds, or `None` beyond the range.
-pub(crate) fn nanos_from_clock(clock: &dyn Clock) -> Option<u64> {
-    u64::try_from(clock.now().as_nanos())
+/// A duration since the epoch (a clock reading, or a caller's exact
+/// timestamp) as validated nanoseconds, or `None` beyond the range.
+pub(crate) fn nanos_from_duration(since_epoch: Duration) -> Option<u64> {
+    u64::try_from(since_epoch.as_nanos())
         .ok()
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
 }

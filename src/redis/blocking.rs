@@ -1,13 +1,10 @@
 //! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
 //! that are not in an async runtime.
 
-use super::{
-    nanos_from_duration, parse, FailurePolicy, Now, RedisErrorKind, RedisLimiterError, Reply,
-    Settings,
-};
+use super::{parse, FailurePolicy, Now, RedisErrorKind, RedisLimiterError, Reply, Settings};
 use crate::error::Denial;
 use crate::gcra::Quota;
-use crate::time::nanos_from_secs;
+use crate::time::{nanos_from_duration, nanos_from_secs};
 use ::redis::{Client, Connection};
 use parking_lot::Mutex;
 use std::fmt;

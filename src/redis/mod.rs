@@ -18,7 +18,7 @@ pub use self::blocking::BlockingRedisLimiter;
 
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
-use crate::time::{nanos_from_secs, MAX_TIMESTAMP_NANOS};
+use crate::time::{nanos_from_duration, nanos_from_secs, MAX_TIMESTAMP_NANOS};
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ErrorKind, RedisError, Script, ScriptInvocation};
 use std::fmt;
@@ -899,13 +899,6 @@ fn parse(answer: Vec<i64>) -> Result<Reply, RedisLimiterError> {
         value,
         now,
     })
-}
-
-/// A `Duration` timestamp as validated nanoseconds.
-fn nanos_from_duration(at: Duration) -> Option<u64> {
-    u64::try_from(at.as_nanos())
-        .ok()
-        .filter(|&ns| ns <= MAX_TIMESTAMP_NANOS)
 }
 
 #[cfg(test)]
