@@ -18,6 +18,9 @@
 //! thread (so that thread wake-up skew is small against the work measured),
 //! and criterion's throughput is calls per second summed over threads.
 //!
+//! keyrate runs twice: as users get it, and with its per-thread hot-key
+//! cache off (`keyrate_nocache`: every call looks its key up in the map).
+//!
 //! `scripts/bench.sh` runs this and prints the ratios to governor.
 
 #[allow(dead_code)]
@@ -203,8 +206,13 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         let keys = keys.clone();
         Box::new(move || Box::new(new(keys.clone())) as Box<dyn DynRun>)
     }
-    let mut all: Vec<(&'static str, Make)> =
-        vec![("keyrate", make(keys, move |k| Keyrate::new(spec, k)))];
+    let mut all: Vec<(&'static str, Make)> = vec![
+        ("keyrate", make(keys, move |k| Keyrate::new(spec, k))),
+        (
+            "keyrate_nocache",
+            make(keys, move |k| Keyrate::without_hot_key_cache(spec, k)),
+        ),
+    ];
     if handles {
         all.push((
             "keyrate_handle",

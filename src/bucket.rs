@@ -55,6 +55,7 @@ impl Bucket {
     ///
     /// A denial returns after one load and writes nothing, so a key that is
     /// hammered while empty keeps its cache line shared between cores.
+    #[inline]
     pub(crate) fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
         // Relaxed: the decision depends on this word alone, and no other
         // memory is published through it. The compare-exchange below checks
@@ -102,6 +103,7 @@ impl Bucket {
     }
 
     /// The current word (possibly a marker).
+    #[inline]
     pub(crate) fn word(&self) -> u64 {
         // Relaxed: a snapshot for reporting; it orders nothing else.
         self.full_at.load(Ordering::Relaxed)

@@ -172,6 +172,7 @@ impl Quota {
     /// This ceiling is the only rounding in keyrate's arithmetic: it makes
     /// an admitted call cost less than 1 ns of refill more than the exact
     /// model, never less.
+    #[inline]
     pub(crate) fn spend(&self, cost: u64) -> Option<u64> {
         if cost == 1 && self.spend_one != 0 {
             return Some(self.spend_one);
@@ -249,6 +250,7 @@ fn mul_div_ceil(a: u64, b: u128, d: u64) -> Option<u128> {
 /// older than the bucket's last update sees the bucket as it would have
 /// been at `now` with every later spend already charged, which is never
 /// more than it held then. The word only ever grows.
+#[inline]
 pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
     if cost == 0 {
         return Ok(full_at);
@@ -275,11 +277,13 @@ pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result
 }
 
 /// Whole tokens a bucket with word `full_at` holds at `now`.
+#[inline]
 pub(crate) fn tokens_at(full_at: u64, now: u64, quota: &Quota) -> u64 {
     quota.tokens_with(full_at.saturating_sub(now))
 }
 
 /// Whether the bucket is full at `now`, so that dropping it changes nothing.
+#[inline]
 pub(crate) fn is_full(full_at: u64, now: u64) -> bool {
     full_at <= now
 }

@@ -3,6 +3,7 @@
 use crate::bucket::{Bucket, SpendError, RETIRED, SHARED};
 use crate::error::{ConfigError, Denial};
 use crate::gcra::{self, Quota};
+use crate::hot::HotKeys;
 use crate::store::Map;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::time::{nanos_from_duration, nanos_from_secs, Clock, MonotonicClock};
@@ -39,7 +40,10 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 ///
 /// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds one shard's read lock while
 /// it updates the key's bucket with a compare-and-swap; only the first call
-/// for a key (and eviction) takes a shard's write lock. No method calls back
+/// for a key, eviction, and making a handle or caching a hot key take a
+/// shard's write lock. A key that one thread keeps calling is cached by
+/// that thread and then spent with no lock at all (see
+/// [`with_hot_key_cache`](Self::with_hot_key_cache)). No method calls back
 /// into user code while holding a lock, so no method can deadlock another.
 ///
 /// # Examples
@@ -65,6 +69,8 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     shared: Map<K, Arc<Bucket>, S>,
     /// Bucket accounting for the cap and the automatic sweep.
     occupancy: Occupancy,
+    /// This limiter's buckets in the per-thread hot-key caches.
+    hot: HotKeys,
     /// Read by the `*_now` methods only.
     clock: std::sync::Arc<dyn Clock>,
 }
@@ -117,7 +123,7 @@ impl TokenBucketLimiter<String, DefaultHasher> {
     }
 }
 
-impl<K: Hash + Eq> TokenBucketLimiter<K, DefaultHasher> {
+impl<K: Hash + Eq + 'static> TokenBucketLimiter<K, DefaultHasher> {
     /// Makes a limiter for any key type, such as `u64` tenant ids.
     ///
     /// # Examples
@@ -134,7 +140,7 @@ impl<K: Hash + Eq> TokenBucketLimiter<K, DefaultHasher> {
     }
 }
 
-impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Makes a limiter for any key type with a hasher of your choice.
     ///
     /// Keys usually come from the network: prefer a seeded, HashDoS-resistant
@@ -158,6 +164,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             buckets: Map::with_hasher(hasher.clone()),
             shared: Map::with_hasher(hasher),
             occupancy: Occupancy::new(),
+            hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
         }
     }
@@ -236,6 +243,37 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn with_auto_sweep(mut self, on: bool) -> Self {
         self.occupancy.auto_sweep = on;
+        self
+    }
+
+    /// Turns the per-thread hot-key cache on (the default) or off.
+    ///
+    /// With it on, a key that makes up most of one thread's calls (64 more
+    /// calls on it than on other keys) is cached by that thread: its bucket
+    /// moves to a shared `Arc`, as for a [`BucketHandle`], and the thread's
+    /// later calls on that key compare the key with the cached one and spend
+    /// with no map lookup. A key hammered from several threads then costs no
+    /// shared write per denial, where a map lookup writes the shard's lock
+    /// word. Decisions are the same either way. Each thread caches at most
+    /// two keys (over all limiters); a cached bucket is not evicted while a
+    /// thread caches it, and is released when the thread exits or caches a
+    /// hotter key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1000).with_hot_key_cache(false);
+    /// for _ in 0..500 {
+    ///     assert!(limiter.allow("k", 0.0));
+    /// }
+    /// // Nothing pins the bucket: once full again it is swept.
+    /// assert_eq!(limiter.sweep(1000.0), 1);
+    /// ```
+    #[must_use]
+    pub fn with_hot_key_cache(mut self, on: bool) -> Self {
+        self.hot.set_on(on);
         self
     }
 
@@ -469,12 +507,23 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // Fastest path: the key is hot in this thread, and its shared
+        // bucket is cached here (see `hot`). Such a bucket is never retired
+        // or moved, so any other outcome is a decision.
+        let cached = self
+            .hot
+            .with::<K, Q, _>(key, |bucket| bucket.spend(now, cost, &self.quota));
+        match cached {
+            Some(Ok(word)) => return Ok(word),
+            Some(Err(SpendError::Denied(denial))) => return Err(denial),
+            Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
+        }
         loop {
             // Fast path: the key exists. The shard read lock is held while
             // the bucket's compare-and-swap runs, and released before any
             // other call on the map.
             let fast = self.buckets.read(key, |bucket| {
-                match bucket.spend(now, cost, &self.quota) {
+                let spent = match bucket.spend(now, cost, &self.quota) {
                     // The bucket moved to a handle's `Arc` (lock order:
                     // this shard, then `shared`). A `SHARED` word always has
                     // its `shared` entry: both change under this shard's
@@ -484,29 +533,91 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                         .read(key, |shared| shared.spend(now, cost, &self.quota))
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
-                }
+                };
+                let hot =
+                    matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(bucket);
+                (spent, hot)
             });
-            match fast {
-                Some(Ok(word)) => return Ok(word),
-                Some(Err(SpendError::Denied(denial))) => return Err(denial),
-                Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
+            if let Some((spent, hot)) = fast {
+                if hot {
+                    // Outside the shard lock: `promote` takes it for writing.
+                    self.promote(key);
+                }
+                match spent {
+                    Ok(word) => return Ok(word),
+                    Err(SpendError::Denied(denial)) => return Err(denial),
+                    // Retired by a sweep, or moved under us: no live bucket.
+                    Err(SpendError::Retired | SpendError::Shared) => {}
+                }
             }
-            // A call that would change nothing on a full bucket (cost 0) or
-            // be denied even there (cost > capacity) creates no bucket.
-            match gcra::decide(0, now, cost, &self.quota) {
-                Ok(0) => return Ok(0),
-                Ok(_) => {}
-                Err(denial) => return Err(denial),
-            }
-            // Slow path: first call for this key.
-            match self.create(key, now, cost) {
-                Ok(word) => return Ok(word),
-                Err(SpendError::Denied(denial)) => return Err(denial),
-                // Moved to a handle under us (or retired, which the shard
-                // lock rules out): look the key up again.
-                Err(SpendError::Retired | SpendError::Shared) => {}
+            if let Some(result) = self.create_or_retry(key, now, cost) {
+                return result;
             }
         }
+    }
+
+    /// The slow path of `spend`: the key has no live bucket. Creates one
+    /// and spends from it, or returns `None` when the key must be looked up
+    /// again.
+    fn create_or_retry<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, Denial>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // A call that would change nothing on a full bucket (cost 0) or
+        // be denied even there (cost > capacity) creates no bucket.
+        match gcra::decide(0, now, cost, &self.quota) {
+            Ok(0) => return Some(Ok(0)),
+            Ok(_) => {}
+            Err(denial) => return Some(Err(denial)),
+        }
+        // Slow path: first call for this key.
+        match self.create(key, now, cost) {
+            Ok(word) => Some(Ok(word)),
+            Err(SpendError::Denied(denial)) => Some(Err(denial)),
+            // Moved to a handle under us (or retired, which the shard
+            // lock rules out): look the key up again.
+            Err(SpendError::Retired | SpendError::Shared) => None,
+        }
+    }
+
+    /// Caches `key`'s bucket in the calling thread's hot-key cache, moving
+    /// it to a shared `Arc` first if it is still inline. Does nothing if
+    /// the key has no bucket any more.
+    #[cold]
+    fn promote<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let shared = self
+            .buckets
+            .try_write(key, || None, |bucket| self.share(key, bucket));
+        if let Some(bucket) = shared {
+            self.hot.insert(key.to_owned(), bucket);
+        }
+    }
+
+    /// Moves the bucket of `key`'s entry (held under its shard's write
+    /// lock) to `shared`, if it is not there yet; returns the shared `Arc`.
+    fn share<Q>(&self, key: &Q, bucket: &mut Bucket) -> Arc<Bucket>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Under the shard's write lock no spend is in flight on the inline
+        // word, so moving its value out loses nothing; later keyed calls
+        // see `SHARED` and follow it to the `Arc`.
+        let moved = match bucket.word() {
+            SHARED => 0, // already shared: `init` below does not run
+            _ => bucket.move_out(),
+        };
+        // Lock order: this shard, then `shared`.
+        self.shared.write(
+            key,
+            || Arc::new(Bucket::with_word(moved)),
+            |shared| Arc::clone(shared),
+        )
     }
 
     /// Creates `key`'s bucket (unless another thread just did) and spends
@@ -571,21 +682,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             inserted = true;
             Bucket::new()
         };
-        let bucket = self.buckets.write(key, init, |bucket| {
-            // Under the shard's write lock no spend is in flight on the
-            // inline word, so moving its value out loses nothing; later
-            // keyed calls see `SHARED` and follow it to the `Arc`.
-            let moved = match bucket.word() {
-                SHARED => 0, // already shared: `init` below does not run
-                _ => bucket.move_out(),
-            };
-            // Lock order: this shard, then `shared`.
-            self.shared.write(
-                key,
-                || Arc::new(Bucket::with_word(moved)),
-                |shared| Arc::clone(shared),
-            )
-        });
+        let bucket = self
+            .buckets
+            .write(key, init, |bucket| self.share(key, bucket));
         if inserted {
             self.occupancy.add(1);
         }

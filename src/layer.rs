@@ -279,7 +279,7 @@ impl<F: Clone, C: Clone, K, S> Clone for RateLimitLayer<F, C, K, S> {
 
 impl<F, C, K, S> fmt::Debug for RateLimitLayer<F, C, K, S>
 where
-    K: Hash + Eq,
+    K: Hash + Eq + 'static,
     S: BuildHasher + Clone,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -294,7 +294,7 @@ impl<Svc, F, C, K, S> Layer<Svc> for RateLimitLayer<F, C, K, S>
 where
     F: Clone,
     C: Clone,
-    K: Hash + Eq,
+    K: Hash + Eq + 'static,
     S: BuildHasher + Clone,
 {
     type Service = RateLimitService<Svc, F, C, K, S>;
@@ -353,7 +353,7 @@ impl<Svc: Clone, F, C, K, S> Clone for RateLimitService<Svc, F, C, K, S> {
 
 impl<Svc: fmt::Debug, F, C, K, S> fmt::Debug for RateLimitService<Svc, F, C, K, S>
 where
-    K: Hash + Eq,
+    K: Hash + Eq + 'static,
     S: BuildHasher + Clone,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -372,7 +372,7 @@ where
     ResBody: Default,
     F: Fn(&Parts) -> Option<K>,
     C: Fn(&Parts) -> u64,
-    K: Hash + Eq + Clone,
+    K: Hash + Eq + Clone + 'static,
     S: BuildHasher + Clone,
 {
     type Response = Response<ResBody>;

@@ -45,6 +45,7 @@
 mod bucket;
 mod error;
 mod gcra;
+mod hot;
 mod keyed;
 #[cfg(feature = "tower")]
 pub mod layer;

@@ -25,6 +25,7 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 /// even (as [`Duration::try_from_secs_f64`] does), computed from the exact
 /// binary value of `secs` with one 64x64-bit multiplication: this runs on
 /// every call, so it avoids the general conversion's extra work.
+#[inline]
 pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
     // Rejects NaN (every comparison is false), negatives, infinities and
     // anything clearly beyond the range; -0.0 passes and becomes 0.

@@ -62,7 +62,7 @@ async fn wait_with(
     }
 }
 
-impl<K: Hash + Eq, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Waits until `key`'s bucket holds `cost` tokens, then spends them at
     /// the limiter's clock reading; returns the whole tokens left.
     ///

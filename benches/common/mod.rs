@@ -88,6 +88,16 @@ impl Keyrate {
             keys,
         }
     }
+
+    /// The same, with the per-thread hot-key cache off: every call looks
+    /// its key up in the map.
+    pub fn without_hot_key_cache(spec: Spec, keys: Arc<[String]>) -> Self {
+        let keyrate = Self::new(spec, keys);
+        Keyrate {
+            limiter: keyrate.limiter.with_hot_key_cache(false),
+            keys: keyrate.keys,
+        }
+    }
 }
 
 impl Competitor for Keyrate {

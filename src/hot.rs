@@ -1,0 +1,233 @@
+//! Per-thread caches of hot keys: a key that one thread calls again and
+//! again is spent there with no map lookup at all.
+//!
+//! A keyed call normally looks its key up in the sharded map, and taking a
+//! shard's read lock writes the shard's lock word: a line that every core
+//! calling that shard takes turns to own. When one key is hammered from
+//! several threads (the attack a limiter exists for), that write, not the
+//! bucket, is what limits throughput. So each thread counts which bucket
+//! its lookups keep finding (one Misra-Gries counter: a key that makes up
+//! most of a thread's calls wins it), and once one bucket has won
+//! 64 net votes, the limiter moves it to a shared `Arc`, exactly
+//! as for a [`BucketHandle`](crate::BucketHandle), and the thread keeps a
+//! clone with the key. Later calls on that key compare the key with the
+//! cached one and spend on the `Arc` directly: a denial then writes nothing
+//! shared, and an admission writes only the bucket's own word.
+//!
+//! Decisions do not change: a cached `Arc` is the very bucket the map's
+//! entry points to (its word says `SHARED`), so every path spends on one
+//! word. Like a handle, a cached bucket is never evicted while cached; each
+//! thread caches at most two buckets, dropped when the thread exits or
+//! a hotter key takes the slot.
+//!
+//! Under `cfg(loom)` the cache is compiled out (loom runs its threads on one
+//! OS thread, so `std` thread-locals would be shared between them); what it
+//! adds to the protocol is a handle's `Arc`, which the loom models check.
+
+#[cfg(not(loom))]
+pub(crate) use imp::HotKeys;
+#[cfg(loom)]
+pub(crate) use off::HotKeys;
+
+#[cfg(not(loom))]
+mod imp {
+    use crate::bucket::Bucket;
+    use crate::sync::unmodeled::{AtomicU64, Relaxed};
+    use crate::sync::Arc;
+    use std::any::Any;
+    use std::borrow::Borrow;
+    use std::cell::RefCell;
+
+    /// Buckets cached per thread, over all limiters.
+    const SLOTS: usize = 2;
+
+    /// Net votes (calls on one bucket minus calls on others) that promote a
+    /// bucket into the calling thread's cache.
+    const PROMOTE_AFTER: u32 = 64;
+
+    /// Gives every limiter its own identity in the caches; never reused.
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+    thread_local! {
+        static CACHE: RefCell<Cache> = const { RefCell::new(Cache::EMPTY) };
+    }
+
+    /// One limiter's face on the per-thread caches.
+    #[derive(Debug)]
+    pub(crate) struct HotKeys {
+        /// Tags this limiter's entries; unique in the process.
+        id: u64,
+        /// Whether this limiter uses the caches at all.
+        on: bool,
+    }
+
+    /// One cached bucket.
+    struct Entry {
+        limiter: u64,
+        /// The key, a `K` of that limiter.
+        key: Box<dyn Any>,
+        bucket: Arc<Bucket>,
+        /// Hits since the last promotion halved it; the coldest entry
+        /// gives up its slot.
+        hits: u32,
+    }
+
+    /// One thread's cache and its vote counter.
+    struct Cache {
+        entries: [Option<Entry>; SLOTS],
+        /// The limiter and bucket address winning the vote (0 when none).
+        candidate: (u64, usize),
+        votes: u32,
+    }
+
+    impl Cache {
+        const EMPTY: Cache = Cache {
+            entries: [None, None],
+            candidate: (0, 0),
+            votes: 0,
+        };
+    }
+
+    impl HotKeys {
+        pub(crate) fn new() -> Self {
+            // Relaxed: only uniqueness matters, and fetch_add gives it.
+            HotKeys {
+                id: NEXT_ID.fetch_add(1, Relaxed),
+                on: true,
+            }
+        }
+
+        pub(crate) fn set_on(&mut self, on: bool) {
+            self.on = on;
+        }
+
+        /// Runs `f` on this thread's cached bucket for `key`, if it has one.
+        #[inline]
+        pub(crate) fn with<K, Q, R>(&self, key: &Q, f: impl FnOnce(&Bucket) -> R) -> Option<R>
+        where
+            K: Borrow<Q> + 'static,
+            Q: Eq + ?Sized,
+        {
+            if !self.on {
+                return None;
+            }
+            // `try_*`: during thread teardown, or if `K`'s drop code calls a
+            // limiter from inside the cache, the call goes to the map.
+            CACHE
+                .try_with(|cache| {
+                    let mut cache = cache.try_borrow_mut().ok()?;
+                    let entry = cache.entries.iter_mut().flatten().find(|entry| {
+                        entry.limiter == self.id
+                            && entry
+                                .key
+                                .downcast_ref::<K>()
+                                .is_some_and(|cached| cached.borrow() == key)
+                    })?;
+                    entry.hits = entry.hits.saturating_add(1);
+                    Some(f(&entry.bucket))
+                })
+                .ok()
+                .flatten()
+        }
+
+        /// Counts a map lookup that found `bucket`; true when the calling
+        /// thread should now cache it (see [`insert`](Self::insert)).
+        #[inline]
+        pub(crate) fn vote(&self, bucket: &Bucket) -> bool {
+            // The address stands for the key: stable while the entry stays
+            // put. A rehash or a reused address only misdirects a vote, and
+            // a promotion looks the key up again.
+            if !self.on {
+                return false;
+            }
+            let candidate = (self.id, std::ptr::from_ref(bucket) as usize);
+            CACHE
+                .try_with(|cache| {
+                    let Ok(mut cache) = cache.try_borrow_mut() else {
+                        return false;
+                    };
+                    if cache.candidate == candidate {
+                        cache.votes += 1;
+                        if cache.votes >= PROMOTE_AFTER {
+                            cache.votes = 0;
+                            cache.candidate = (0, 0);
+                            return true;
+                        }
+                    } else if cache.votes == 0 {
+                        cache.candidate = candidate;
+                        cache.votes = 1;
+                    } else {
+                        cache.votes -= 1;
+                    }
+                    false
+                })
+                .unwrap_or(false)
+        }
+
+        /// Caches `key`'s shared bucket in the calling thread, in a free
+        /// slot or the coldest one.
+        pub(crate) fn insert<K: 'static>(&self, key: K, bucket: Arc<Bucket>) {
+            let entry = Entry {
+                limiter: self.id,
+                key: Box::new(key),
+                bucket,
+                hits: 0,
+            };
+            let _ = CACHE.try_with(|cache| {
+                let Ok(mut cache) = cache.try_borrow_mut() else {
+                    return;
+                };
+                let Some(slot) = cache
+                    .entries
+                    .iter_mut()
+                    .min_by_key(|slot| slot.as_ref().map_or(0, |e| u64::from(e.hits) + 1))
+                else {
+                    return;
+                };
+                let evicted = slot.replace(entry);
+                for entry in cache.entries.iter_mut().flatten() {
+                    entry.hits /= 2;
+                }
+                // Dropped under the borrow: a reentrant call from `K`'s drop
+                // finds the cache busy and goes to the map.
+                drop(evicted);
+            });
+        }
+    }
+}
+
+#[cfg(loom)]
+mod off {
+    use crate::bucket::Bucket;
+    use crate::sync::Arc;
+    use std::borrow::Borrow;
+
+    /// The cache, switched off: every call goes to the map.
+    #[derive(Debug)]
+    pub(crate) struct HotKeys;
+
+    impl HotKeys {
+        pub(crate) fn new() -> Self {
+            HotKeys
+        }
+
+        pub(crate) fn set_on(&mut self, _: bool) {}
+
+        // Same signature as the real cache's, so that callers compile
+        // unchanged.
+        #[allow(clippy::extra_unused_type_parameters)]
+        pub(crate) fn with<K, Q, R>(&self, _: &Q, _: impl FnOnce(&Bucket) -> R) -> Option<R>
+        where
+            K: Borrow<Q> + 'static,
+            Q: Eq + ?Sized,
+        {
+            None
+        }
+
+        pub(crate) fn vote(&self, _: &Bucket) -> bool {
+            false
+        }
+
+        pub(crate) fn insert<K: 'static>(&self, _: K, _: Arc<Bucket>) {}
+    }
+}

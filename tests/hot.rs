@@ -1,0 +1,217 @@
+//! The per-thread hot-key cache: a key that a thread keeps calling is
+//! spent through that thread's cache, with the same decisions as through
+//! the map, and its bucket is pinned only while a thread caches it.
+#![cfg(not(loom))]
+
+mod common;
+
+use common::model::{as_secs, Model, Outcome};
+use keyrate::{Denial, Quota, TokenBucketLimiter};
+use proptest::prelude::*;
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+/// Calls in a row that certainly get a key cached (the threshold is 64 net
+/// calls on one bucket).
+const HOT_CALLS: usize = 300;
+
+fn outcome(result: Result<u64, Denial>) -> Outcome {
+    match result {
+        Ok(remaining) => Outcome::Admitted { remaining },
+        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
+            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
+        },
+        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
+        Err(other) => panic!("unexpected denial {other:?}"),
+    }
+}
+
+#[test]
+fn a_hammered_key_is_pinned_while_its_thread_lives() {
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1000));
+    let cached = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let worker = {
+        let (limiter, cached, release) = (limiter.clone(), cached.clone(), release.clone());
+        thread::spawn(move || {
+            for _ in 0..HOT_CALLS {
+                assert!(limiter.allow("hot", 0.0));
+            }
+            assert!(limiter.allow("cold", 0.0));
+            cached.wait();
+            release.wait();
+        })
+    };
+    cached.wait();
+    // Both buckets are full again at t = 1e6 s; only the one the worker
+    // never cached can go while the worker lives.
+    assert_eq!(limiter.len(), 2);
+    assert_eq!(limiter.sweep(1e6), 1);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.remaining("hot", 1e6), Some(1000));
+    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
+    // Keyed calls from this thread land on the cached bucket.
+    assert!(limiter.allow_n("hot", 0.0, 700));
+    assert!(!limiter.allow("hot", 0.0));
+    release.wait();
+    worker.join().unwrap();
+    // The worker's cache died with it: nothing pins the bucket now.
+    assert_eq!(limiter.sweep(1e6), 1);
+    assert!(limiter.is_empty());
+    assert_eq!(limiter.remaining("hot", 0.0), Some(1000));
+}
+
+#[test]
+fn with_the_cache_off_a_hammered_key_is_swept_like_any_other() {
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1000).with_hot_key_cache(false));
+    let called = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let worker = {
+        let (limiter, called, release) = (limiter.clone(), called.clone(), release.clone());
+        thread::spawn(move || {
+            let admitted = (0..HOT_CALLS).filter(|_| limiter.allow("hot", 0.0)).count();
+            called.wait();
+            release.wait();
+            admitted
+        })
+    };
+    called.wait();
+    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
+    assert_eq!(limiter.sweep(1e6), 1);
+    release.wait();
+    assert_eq!(worker.join().unwrap(), HOT_CALLS);
+}
+
+#[test]
+fn limiters_sharing_a_thread_and_a_key_keep_their_own_buckets() {
+    let big = TokenBucketLimiter::new(1.0, 300);
+    let small = TokenBucketLimiter::new(1.0, 5);
+    let ids = TokenBucketLimiter::<u64>::with_quota(Quota::new(1.0, 7).unwrap());
+    let (mut big_admitted, mut small_admitted, mut ids_admitted) = (0, 0, 0);
+    // Blocks long enough for each limiter's key to win this thread's vote,
+    // so three limiters take turns in two cache slots.
+    for _ in 0..4 {
+        for _ in 0..HOT_CALLS {
+            big_admitted += u64::from(big.allow("k", 0.0));
+        }
+        for _ in 0..HOT_CALLS {
+            small_admitted += u64::from(small.allow("k", 0.0));
+        }
+        for _ in 0..HOT_CALLS {
+            ids_admitted += u64::from(ids.allow(&7, 0.0));
+        }
+    }
+    assert_eq!((big_admitted, small_admitted, ids_admitted), (300, 5, 7));
+    // A new limiter never inherits a dropped one's cached bucket.
+    drop(big);
+    let fresh = TokenBucketLimiter::new(1.0, 50);
+    let admitted = (0..HOT_CALLS).filter(|_| fresh.allow("k", 0.0)).count();
+    assert_eq!(admitted, 50);
+}
+
+#[test]
+fn cached_and_uncached_paths_share_one_bucket_under_threads() {
+    // One hot key at one instant, spent at once by a thread that caches
+    // it, a thread holding a handle, and a thread whose keyed calls
+    // alternate with other keys (so it never caches it): together they
+    // admit exactly the capacity.
+    const CAPACITY: u64 = 20_000;
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, CAPACITY));
+    let start = Arc::new(Barrier::new(3));
+    let spawn = |role: usize| {
+        let (limiter, start) = (limiter.clone(), start.clone());
+        thread::spawn(move || {
+            let handle = limiter.bucket("hot");
+            start.wait();
+            let mut admitted = 0u64;
+            for i in 0..3 * CAPACITY {
+                admitted += u64::from(match role {
+                    0 => limiter.allow("hot", 5.0),
+                    1 => handle.allow(5.0),
+                    _ => {
+                        let _ = limiter.allow(&format!("other{}", i % 97), 5.0);
+                        limiter.allow("hot", 5.0)
+                    }
+                });
+            }
+            admitted
+        })
+    };
+    let workers: Vec<_> = (0..3).map(spawn).collect();
+    let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(admitted, CAPACITY);
+    assert_eq!(limiter.remaining("hot", 5.0), Some(0));
+}
+
+/// A block of calls in a row on one key.
+#[derive(Debug, Clone)]
+struct Block {
+    key: usize,
+    calls: usize,
+    /// Nanoseconds between calls, as a fraction of one token's interval
+    /// (in 1/4ths), so blocks both drain and refill.
+    step_quarters: u64,
+    /// First cost of the block; costs then cycle through `0..=capacity+1`.
+    cost: u64,
+    sweep: bool,
+}
+
+fn blocks() -> impl Strategy<Value = Vec<Block>> {
+    prop::collection::vec(
+        (
+            0usize..3,
+            1usize..200,
+            0u64..6,
+            0u64..8,
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(|(key, calls, step_quarters, cost, sweep)| Block {
+                key,
+                calls,
+                step_quarters,
+                cost,
+                sweep,
+            }),
+        1..24,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Long runs on one key (cached after 64 net calls) mixed with runs on
+    /// others, sweeps and cache evictions: every decision, and every wait,
+    /// equals the exact model.
+    #[test]
+    fn cached_decisions_equal_the_exact_model(
+        rate in prop::sample::select(vec![(1u64, 1u64), (3, 1), (7, 2), (1000, 1)]),
+        capacity in 1u64..8,
+        blocks in blocks(),
+    ) {
+        let (num, den) = rate;
+        let mut model = Model::rounded(num, den, capacity);
+        let quota = Quota::new(model.rate(), capacity).unwrap();
+        let limiter = TokenBucketLimiter::<String>::with_quota(quota);
+        let keys = ["sk_live_a", "sk_live_b", "sk_live_c"];
+        let interval = model.spend_ns(1);
+        let mut now = 1_000_000_000u64;
+        for block in &blocks {
+            let key = keys[block.key];
+            for i in 0..block.calls {
+                let (secs, seen) = as_secs(now);
+                let cost = (block.cost + i as u64) % (capacity + 2);
+                let want = model.call(key, seen, cost);
+                prop_assert_eq!(outcome(limiter.check(key, secs, cost)), want);
+                now += interval * block.step_quarters / 4;
+            }
+            if block.sweep {
+                let (secs, _) = as_secs(now);
+                limiter.sweep(secs);
+            }
+        }
+        let (secs, seen) = as_secs(now);
+        for key in keys {
+            prop_assert_eq!(limiter.remaining(key, secs), Some(model.remaining(key, seen)));
+        }
+    }
+}
