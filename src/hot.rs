@@ -16,9 +16,11 @@
 //!
 //! Decisions do not change: a cached `Arc` is the very bucket the map's
 //! entry points to (its word says `SHARED`), so every path spends on one
-//! word. Like a handle, a cached bucket is never evicted while cached; each
-//! thread caches at most two buckets, dropped when the thread exits or
-//! a hotter key takes the slot.
+//! word. Unlike a handle, a cache does not pin the bucket: a sweep may
+//! retire it once it is full, and the thread's next call on the key then
+//! finds it retired, drops the entry and goes to the map. Each thread caches
+//! at most two buckets; a newly promoted key takes the slot with the fewest
+//! recent hits, and the cache is dropped when the thread exits.
 //!
 //! Under `cfg(loom)` the cache is compiled out (loom runs its threads on one
 //! OS thread, so `std` thread-locals would be shared between them); what it
@@ -44,6 +46,10 @@ mod imp {
     /// Net votes (calls on one bucket minus calls on others) that promote a
     /// bucket into the calling thread's cache.
     const PROMOTE_AFTER: u32 = 64;
+
+    /// The most hits an entry counts: halved at each promotion, so an entry
+    /// that stopped being called loses its slot within a few promotions.
+    const MAX_HITS: u32 = 4 * PROMOTE_AFTER;
 
     /// Gives every limiter its own identity in the caches; never reused.
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -102,8 +108,14 @@ mod imp {
         }
 
         /// Runs `f` on this thread's cached bucket for `key`, if it has one.
+        /// `f` returns `None` when the bucket has been retired: the entry is
+        /// then dropped.
         #[inline]
-        pub(crate) fn with<K, Q, R>(&self, key: &Q, f: impl FnOnce(&Bucket) -> R) -> Option<R>
+        pub(crate) fn with<K, Q, R>(
+            &self,
+            key: &Q,
+            f: impl FnOnce(&Bucket) -> Option<R>,
+        ) -> Option<R>
         where
             K: Borrow<Q> + 'static,
             Q: Eq + ?Sized,
@@ -116,15 +128,25 @@ mod imp {
             CACHE
                 .try_with(|cache| {
                     let mut cache = cache.try_borrow_mut().ok()?;
-                    let entry = cache.entries.iter_mut().flatten().find(|entry| {
-                        entry.limiter == self.id
-                            && entry
-                                .key
-                                .downcast_ref::<K>()
-                                .is_some_and(|cached| cached.borrow() == key)
+                    let slot = cache.entries.iter_mut().find(|slot| {
+                        slot.as_ref().is_some_and(|entry| {
+                            entry.limiter == self.id
+                                && entry
+                                    .key
+                                    .downcast_ref::<K>()
+                                    .is_some_and(|cached| cached.borrow() == key)
+                        })
                     })?;
-                    entry.hits = entry.hits.saturating_add(1);
-                    Some(f(&entry.bucket))
+                    let entry = slot.as_mut()?;
+                    let result = f(&entry.bucket);
+                    if result.is_some() {
+                        entry.hits = (entry.hits + 1).min(MAX_HITS);
+                    } else {
+                        // Retired by a sweep: forget it (dropped under the
+                        // borrow, see `insert`).
+                        drop(slot.take());
+                    }
+                    result
                 })
                 .ok()
                 .flatten()
@@ -171,7 +193,9 @@ mod imp {
                 limiter: self.id,
                 key: Box::new(key),
                 bucket,
-                hits: 0,
+                // It just won the vote: as hot as any entry that has
+                // earned that many hits since.
+                hits: PROMOTE_AFTER,
             };
             let _ = CACHE.try_with(|cache| {
                 let Ok(mut cache) = cache.try_borrow_mut() else {
@@ -216,7 +240,7 @@ mod off {
         // Same signature as the real cache's, so that callers compile
         // unchanged.
         #[allow(clippy::extra_unused_type_parameters)]
-        pub(crate) fn with<K, Q, R>(&self, _: &Q, _: impl FnOnce(&Bucket) -> R) -> Option<R>
+        pub(crate) fn with<K, Q, R>(&self, _: &Q, _: impl FnOnce(&Bucket) -> Option<R>) -> Option<R>
         where
             K: Borrow<Q> + 'static,
             Q: Eq + ?Sized,

@@ -66,7 +66,7 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     /// The buckets of keys that have had a [`BucketHandle`], behind an
     /// `Arc` the handles share. Lock order: an entry's shard in `buckets`
     /// first, then `shared`, everywhere.
-    shared: Map<K, Arc<Bucket>, S>,
+    shared: Map<K, Shared, S>,
     /// Bucket accounting for the cap and the automatic sweep.
     occupancy: Occupancy,
     /// This limiter's buckets in the per-thread hot-key caches.
@@ -254,10 +254,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// later calls on that key compare the key with the cached one and spend
     /// with no map lookup. A key hammered from several threads then costs no
     /// shared write per denial, where a map lookup writes the shard's lock
-    /// word. Decisions are the same either way. Each thread caches at most
-    /// two keys (over all limiters); a cached bucket is not evicted while a
-    /// thread caches it, and is released when the thread exits or caches a
-    /// hotter key.
+    /// word. Decisions are the same either way, and a cached bucket is swept
+    /// like any other (the cache forgets it on its next call). Each thread
+    /// caches at most two keys over all limiters, holding a copy of each;
+    /// the copies are dropped when the thread exits or caches other keys.
     ///
     /// # Examples
     ///
@@ -268,8 +268,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// for _ in 0..500 {
     ///     assert!(limiter.allow("k", 0.0));
     /// }
-    /// // Nothing pins the bucket: once full again it is swept.
-    /// assert_eq!(limiter.sweep(1000.0), 1);
+    /// assert_eq!(limiter.remaining("k", 0.0), Some(500));
     /// ```
     #[must_use]
     pub fn with_hot_key_cache(mut self, on: bool) -> Self {
@@ -489,7 +488,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let word = self
             .buckets
             .read(key, |bucket| match bucket.word() {
-                SHARED => self.shared.read(key, |shared| shared.word()),
+                SHARED => self.shared.read(key, |shared| shared.bucket.word()),
                 word => Some(word),
             })
             .flatten()
@@ -508,15 +507,18 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // Fastest path: the key is hot in this thread, and its shared
-        // bucket is cached here (see `hot`). Such a bucket is never retired
-        // or moved, so any other outcome is a decision.
-        let cached = self
-            .hot
-            .with::<K, Q, _>(key, |bucket| bucket.spend(now, cost, &self.quota));
-        match cached {
-            Some(Ok(word)) => return Ok(word),
-            Some(Err(SpendError::Denied(denial))) => return Err(denial),
-            Some(Err(SpendError::Retired | SpendError::Shared)) | None => {}
+        // bucket is cached here (see `hot`). A shared bucket never moves
+        // again, but a sweep may retire it; the cache then forgets it and
+        // the call goes to the map.
+        let cached =
+            self.hot
+                .with::<K, Q, _>(key, |bucket| match bucket.spend(now, cost, &self.quota) {
+                    Ok(word) => Some(Ok(word)),
+                    Err(SpendError::Denied(denial)) => Some(Err(denial)),
+                    Err(SpendError::Retired | SpendError::Shared) => None,
+                });
+        if let Some(decided) = cached {
+            return decided;
         }
         loop {
             // Fast path: the key exists. The shard read lock is held while
@@ -530,7 +532,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                     // write lock.
                     Err(SpendError::Shared) => self
                         .shared
-                        .read(key, |shared| shared.spend(now, cost, &self.quota))
+                        .read(key, |shared| shared.bucket.spend(now, cost, &self.quota))
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
                 };
@@ -593,14 +595,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let shared = self
             .buckets
             .try_write(key, || None, |bucket| self.share(key, bucket));
-        if let Some(bucket) = shared {
-            self.hot.insert(key.to_owned(), bucket);
+        if let Some(shared) = shared {
+            // The cache holds the bucket, not the pin: a sweep may retire it.
+            self.hot.insert(key.to_owned(), shared.bucket);
         }
     }
 
     /// Moves the bucket of `key`'s entry (held under its shard's write
-    /// lock) to `shared`, if it is not there yet; returns the shared `Arc`.
-    fn share<Q>(&self, key: &Q, bucket: &mut Bucket) -> Arc<Bucket>
+    /// lock) to `shared`, if it is not there yet; returns a clone of the
+    /// shared entry.
+    fn share<Q>(&self, key: &Q, bucket: &mut Bucket) -> Shared
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -615,8 +619,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // Lock order: this shard, then `shared`.
         self.shared.write(
             key,
-            || Arc::new(Bucket::with_word(moved)),
-            |shared| Arc::clone(shared),
+            || Shared {
+                bucket: Arc::new(Bucket::with_word(moved)),
+                pin: Arc::new(()),
+            },
+            |shared| shared.clone(),
         )
     }
 
@@ -682,7 +689,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             inserted = true;
             Bucket::new()
         };
-        let bucket = self
+        let Shared { bucket, pin } = self
             .buckets
             .write(key, init, |bucket| self.share(key, bucket));
         if inserted {
@@ -691,6 +698,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         BucketHandle {
             quota: self.quota,
             bucket,
+            _pin: pin,
             clock: std::sync::Arc::clone(&self.clock),
         }
     }
@@ -741,9 +749,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             let evict = match bucket.word() {
                 // Lock order: this shard (held by `retain`), then `shared`.
                 // A live handle keeps its bucket. The count cannot rise
-                // meanwhile: new handles are made under this shard's lock.
+                // meanwhile: new handles are made under this shard's lock,
+                // and a handle is cloned only from a live one. Hot-key
+                // caches hold the bucket but not the pin: retiring it sends
+                // their next call back to the map, exactly as a keyed call.
                 SHARED => self.shared.remove_if(key, |shared| {
-                    Arc::strong_count(shared) == 1 && shared.try_retire(now)
+                    Arc::strong_count(&shared.pin) == 1 && shared.bucket.try_retire(now)
                 }),
                 _ => bucket.try_retire(now),
             };
@@ -759,6 +770,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.buckets.shrink_to_fit();
         self.shared.shrink_to_fit();
     }
+}
+
+/// A bucket moved out of its map entry to be shared (see
+/// [`TokenBucketLimiter::bucket`]).
+#[derive(Clone)]
+struct Shared {
+    bucket: Arc<Bucket>,
+    /// Held by every [`BucketHandle`] on this bucket, and by the entry: a
+    /// count above 1 keeps the bucket from being evicted. Hot-key caches
+    /// hold `bucket` only, so they never keep it.
+    pin: Arc<()>,
 }
 
 /// Counts buckets for the cap, and paces the automatic sweep.
@@ -883,6 +905,9 @@ where
 pub struct BucketHandle {
     quota: Quota,
     bucket: Arc<Bucket>,
+    /// Keeps the bucket from being evicted while any handle on it lives
+    /// (see `Shared::pin`).
+    _pin: Arc<()>,
     /// The limiter's clock, for the `*_now` methods.
     clock: std::sync::Arc<dyn Clock>,
 }

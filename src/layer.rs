@@ -279,7 +279,7 @@ impl<F: Clone, C: Clone, K, S> Clone for RateLimitLayer<F, C, K, S> {
 
 impl<F, C, K, S> fmt::Debug for RateLimitLayer<F, C, K, S>
 where
-    K: Hash + Eq + 'static,
+    K: Hash + Eq,
     S: BuildHasher + Clone,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -353,7 +353,7 @@ impl<Svc: Clone, F, C, K, S> Clone for RateLimitService<Svc, F, C, K, S> {
 
 impl<Svc: fmt::Debug, F, C, K, S> fmt::Debug for RateLimitService<Svc, F, C, K, S>
 where
-    K: Hash + Eq + 'static,
+    K: Hash + Eq,
     S: BuildHasher + Clone,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -27,59 +27,65 @@ fn outcome(result: Result<u64, Denial>) -> Outcome {
 }
 
 #[test]
-fn a_hammered_key_is_pinned_while_its_thread_lives() {
+fn a_cached_bucket_is_swept_like_any_other() {
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1000));
+    let cached = Arc::new(Barrier::new(2));
+    let swept = Arc::new(Barrier::new(2));
+    let worker = {
+        let (limiter, cached, swept) = (limiter.clone(), cached.clone(), swept.clone());
+        thread::spawn(move || {
+            for _ in 0..HOT_CALLS {
+                assert!(limiter.allow("hot", 0.0));
+            }
+            cached.wait();
+            swept.wait();
+            // The cached bucket was retired: these calls must reach the
+            // map's new bucket, not spend on the retired one.
+            (0..2000).filter(|_| limiter.allow("hot", 1e6)).count()
+        })
+    };
+    cached.wait();
+    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
+    // Full again at 1e6 s: swept although the worker caches it.
+    assert_eq!(limiter.sweep(1e6), 1);
+    assert!(limiter.is_empty());
+    swept.wait();
+    assert_eq!(worker.join().unwrap(), 1000);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.remaining("hot", 1e6), Some(0));
+}
+
+#[test]
+fn cached_keys_never_hold_places_under_the_cap() {
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1000).with_max_buckets(2));
     let cached = Arc::new(Barrier::new(2));
     let release = Arc::new(Barrier::new(2));
     let worker = {
         let (limiter, cached, release) = (limiter.clone(), cached.clone(), release.clone());
         thread::spawn(move || {
-            for _ in 0..HOT_CALLS {
-                assert!(limiter.allow("hot", 0.0));
+            // Both keys win this thread's vote in turn and fill its two
+            // slots.
+            for key in ["a", "b"] {
+                for _ in 0..HOT_CALLS {
+                    assert!(limiter.allow(key, 0.0));
+                }
             }
-            assert!(limiter.allow("cold", 0.0));
             cached.wait();
             release.wait();
         })
     };
     cached.wait();
-    // Both buckets are full again at t = 1e6 s; only the one the worker
-    // never cached can go while the worker lives.
-    assert_eq!(limiter.len(), 2);
-    assert_eq!(limiter.sweep(1e6), 1);
-    assert_eq!(limiter.len(), 1);
-    assert_eq!(limiter.remaining("hot", 1e6), Some(1000));
-    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
-    // Keyed calls from this thread land on the cached bucket.
-    assert!(limiter.allow_n("hot", 0.0, 700));
-    assert!(!limiter.allow("hot", 0.0));
+    assert_eq!(
+        limiter.check("c", 0.0, 1),
+        Err(Denial::LimiterFull { max_buckets: 2 })
+    );
+    // Once full, the cached buckets go, and their places with them, while
+    // the worker that caches them still lives.
+    assert_eq!(limiter.sweep(1e6), 2);
+    assert!(limiter.allow("c", 1e6));
+    assert!(limiter.allow("d", 1e6));
     release.wait();
     worker.join().unwrap();
-    // The worker's cache died with it: nothing pins the bucket now.
-    assert_eq!(limiter.sweep(1e6), 1);
-    assert!(limiter.is_empty());
-    assert_eq!(limiter.remaining("hot", 0.0), Some(1000));
-}
-
-#[test]
-fn with_the_cache_off_a_hammered_key_is_swept_like_any_other() {
-    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1000).with_hot_key_cache(false));
-    let called = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
-    let worker = {
-        let (limiter, called, release) = (limiter.clone(), called.clone(), release.clone());
-        thread::spawn(move || {
-            let admitted = (0..HOT_CALLS).filter(|_| limiter.allow("hot", 0.0)).count();
-            called.wait();
-            release.wait();
-            admitted
-        })
-    };
-    called.wait();
-    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
-    assert_eq!(limiter.sweep(1e6), 1);
-    release.wait();
-    assert_eq!(worker.join().unwrap(), HOT_CALLS);
 }
 
 #[test]
@@ -92,42 +98,42 @@ fn limiters_sharing_a_thread_and_a_key_keep_their_own_buckets() {
     // so three limiters take turns in two cache slots.
     for _ in 0..4 {
         for _ in 0..HOT_CALLS {
-            big_admitted += u64::from(big.allow("k", 0.0));
-        }
-        for _ in 0..HOT_CALLS {
             small_admitted += u64::from(small.allow("k", 0.0));
         }
         for _ in 0..HOT_CALLS {
             ids_admitted += u64::from(ids.allow(&7, 0.0));
         }
+        for _ in 0..HOT_CALLS {
+            big_admitted += u64::from(big.allow("k", 0.0));
+        }
     }
     assert_eq!((big_admitted, small_admitted, ids_admitted), (300, 5, 7));
-    // A new limiter never inherits a dropped one's cached bucket.
+    // A new limiter never inherits a dropped one's cached bucket (`big`,
+    // hammered last, is still in this thread's cache).
     drop(big);
     let fresh = TokenBucketLimiter::new(1.0, 50);
     let admitted = (0..HOT_CALLS).filter(|_| fresh.allow("k", 0.0)).count();
     assert_eq!(admitted, 50);
 }
 
-#[test]
-fn cached_and_uncached_paths_share_one_bucket_under_threads() {
-    // One hot key at one instant, spent at once by a thread that caches
-    // it, a thread holding a handle, and a thread whose keyed calls
-    // alternate with other keys (so it never caches it): together they
-    // admit exactly the capacity.
+/// One hot key at one instant, spent at once by three threads: two keyed
+/// callers that each cache it (or, `with_handles`, one keyed caller and one
+/// handle), and a keyed caller that alternates with other keys, so that it
+/// never caches it. Together they must admit exactly the capacity.
+fn three_paths_on_one_key(with_handles: bool) {
     const CAPACITY: u64 = 20_000;
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, CAPACITY));
     let start = Arc::new(Barrier::new(3));
     let spawn = |role: usize| {
         let (limiter, start) = (limiter.clone(), start.clone());
         thread::spawn(move || {
-            let handle = limiter.bucket("hot");
+            let handle = (with_handles && role == 1).then(|| limiter.bucket("hot"));
             start.wait();
             let mut admitted = 0u64;
             for i in 0..3 * CAPACITY {
-                admitted += u64::from(match role {
-                    0 => limiter.allow("hot", 5.0),
-                    1 => handle.allow(5.0),
+                admitted += u64::from(match (role, &handle) {
+                    (_, Some(handle)) => handle.allow(5.0),
+                    (0 | 1, None) => limiter.allow("hot", 5.0),
                     _ => {
                         let _ = limiter.allow(&format!("other{}", i % 97), 5.0);
                         limiter.allow("hot", 5.0)
@@ -141,6 +147,18 @@ fn cached_and_uncached_paths_share_one_bucket_under_threads() {
     let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     assert_eq!(admitted, CAPACITY);
     assert_eq!(limiter.remaining("hot", 5.0), Some(0));
+}
+
+#[test]
+fn cached_and_map_paths_share_one_bucket_under_threads() {
+    // The key is inline in the map when the race starts: the first thread
+    // to cache it moves its word out while the others spend on it.
+    three_paths_on_one_key(false);
+}
+
+#[test]
+fn cached_handle_and_map_paths_share_one_bucket_under_threads() {
+    three_paths_on_one_key(true);
 }
 
 /// A block of calls in a row on one key.
