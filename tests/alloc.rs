@@ -53,7 +53,10 @@ fn lookups_allocate_nothing(limiter: TokenBucketLimiter) {
             assert!(limiter.allow(key.as_str(), 0.0));
         }
     });
-    assert!(warm_up <= 12, "warming one key up allocated {warm_up} times");
+    assert!(
+        warm_up <= 12,
+        "warming one key up allocated {warm_up} times"
+    );
     let n = allocations_during(|| {
         for i in 0..1000 {
             assert!(limiter.allow(key.as_str(), f64::from(i) * 1e-3));
