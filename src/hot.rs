@@ -6,9 +6,10 @@
 //! calling that shard takes turns to own. When one key is hammered from
 //! several threads (the attack a limiter exists for), that write, not the
 //! bucket, is what limits throughput. So each thread counts which bucket
-//! its lookups keep finding (one Misra-Gries counter: a key that makes up
-//! most of a thread's calls wins it), and once one bucket has won
-//! 64 net votes, the limiter moves it to a shared `Arc`, exactly
+//! its lookups keep finding (Misra-Gries counters, two per thread: a key
+//! that makes up more than a third of a thread's calls keeps gaining
+//! votes), and once one bucket has won 64 net votes, the limiter moves it
+//! to a shared `Arc`, exactly
 //! as for a [`BucketHandle`](crate::BucketHandle), and the thread keeps a
 //! clone with the key. Later calls on that key compare the key with the
 //! cached one and spend on the `Arc` directly: a denial then writes nothing
@@ -78,19 +79,20 @@ mod imp {
         hits: u32,
     }
 
-    /// One thread's cache and its vote counter.
+    /// One thread's cache and its vote counters.
     struct Cache {
         entries: [Option<Entry>; SLOTS],
-        /// The limiter and bucket address winning the vote (0 when none).
-        candidate: (u64, usize),
-        votes: u32,
+        /// Misra-Gries counters, one per slot: a limiter and bucket address
+        /// (`(0, 0)` when free) and its net votes. With two counters, any
+        /// key that makes up more than a third of a thread's lookups keeps
+        /// gaining votes, so two keys hammered together both get cached.
+        candidates: [((u64, usize), u32); SLOTS],
     }
 
     impl Cache {
         const EMPTY: Cache = Cache {
             entries: [None, None],
-            candidate: (0, 0),
-            votes: 0,
+            candidates: [((0, 0), 0); SLOTS],
         };
     }
 
@@ -168,18 +170,21 @@ mod imp {
                     let Ok(mut cache) = cache.try_borrow_mut() else {
                         return false;
                     };
-                    if cache.candidate == candidate {
-                        cache.votes += 1;
-                        if cache.votes >= PROMOTE_AFTER {
-                            cache.votes = 0;
-                            cache.candidate = (0, 0);
-                            return true;
+                    let counters = &mut cache.candidates;
+                    if let Some(counter) = counters.iter_mut().find(|c| c.0 == candidate) {
+                        counter.1 += 1;
+                        if counter.1 < PROMOTE_AFTER {
+                            return false;
                         }
-                    } else if cache.votes == 0 {
-                        cache.candidate = candidate;
-                        cache.votes = 1;
+                        *counter = ((0, 0), 0);
+                        return true;
+                    }
+                    if let Some(counter) = counters.iter_mut().find(|c| c.1 == 0) {
+                        *counter = (candidate, 1);
                     } else {
-                        cache.votes -= 1;
+                        for counter in counters.iter_mut() {
+                            counter.1 -= 1;
+                        }
                     }
                     false
                 })

@@ -248,8 +248,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the per-thread hot-key cache on (the default) or off.
     ///
-    /// With it on, a key that makes up most of one thread's calls (64 more
-    /// calls on it than on other keys) is cached by that thread: its bucket
+    /// With it on, a key that makes up more than a third of one thread's
+    /// calls (counted with two Misra-Gries counters; 64 net votes win) is
+    /// cached by that thread: its bucket
     /// moves to a shared `Arc`, as for a [`BucketHandle`], and the thread's
     /// later calls on that key compare the key with the cached one and spend
     /// with no map lookup. A key hammered from several threads then costs no
