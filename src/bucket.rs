@@ -91,6 +91,34 @@ impl Bucket {
         }
     }
 
+    /// [`spend`](Self::spend) for a bucket held exclusively: a map entry
+    /// under its shard's write lock. No other access to the word can run
+    /// meanwhile, so a plain load and store decide exactly, with no
+    /// compare-and-swap.
+    #[inline]
+    pub(crate) fn spend_exclusive(
+        &mut self,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, SpendError> {
+        // Relaxed load and store, no read-modify-write: `&mut self` (the
+        // shard's write lock) excludes every other access to the word, and
+        // the lock's release publishes the store to the next holder.
+        let current = self.full_at.load(Ordering::Relaxed);
+        if current == RETIRED {
+            return Err(SpendError::Retired);
+        }
+        if current == SHARED {
+            return Err(SpendError::Shared);
+        }
+        let next = gcra::decide(current, now, cost, quota).map_err(SpendError::Denied)?;
+        if next != current {
+            self.full_at.store(next, Ordering::Relaxed);
+        }
+        Ok(next)
+    }
+
     /// Moves this entry's bucket out: returns its word and leaves
     /// [`SHARED`] in its place.
     ///

@@ -38,13 +38,15 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 ///
 /// # Locking behaviour
 ///
-/// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds one shard's read lock while
-/// it updates the key's bucket with a compare-and-swap; only the first call
-/// for a key, eviction, and making a handle or caching a hot key take a
-/// shard's write lock. A key that one thread keeps calling is cached by
-/// that thread and then spent with no lock at all (see
-/// [`with_hot_key_cache`](Self::with_hot_key_cache)). No method calls back
-/// into user code while holding a lock, so no method can deadlock another.
+/// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds
+/// its key's shard's write lock while it updates the key's word in place
+/// (taking the lock costs the same shared write as a read lock would, and
+/// saves a compare-and-swap); [`remaining`](Self::remaining) takes the read
+/// lock. A key that one thread keeps calling is cached by that thread and
+/// then spent with one compare-and-swap and no lock at all (see
+/// [`with_hot_key_cache`](Self::with_hot_key_cache)), as is a
+/// [`BucketHandle`]. No method calls back into user code while holding a
+/// lock, so no method can deadlock another.
 ///
 /// # Examples
 ///
@@ -522,11 +524,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             return decided;
         }
         loop {
-            // Fast path: the key exists. The shard read lock is held while
-            // the bucket's compare-and-swap runs, and released before any
+            // Fast path: the key exists. Its shard's write lock is held
+            // while the word is updated in place, and released before any
             // other call on the map.
-            let fast = self.buckets.read(key, |bucket| {
-                let spent = match bucket.spend(now, cost, &self.quota) {
+            let fast = self.buckets.update(key, |bucket| {
+                let spent = match bucket.spend_exclusive(now, cost, &self.quota) {
                     // The bucket moved to a handle's `Arc` (lock order:
                     // this shard, then `shared`). A `SHARED` word always has
                     // its `shared` entry: both change under this shard's
@@ -646,7 +648,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             key,
             || occupancy.reserve().then(Bucket::new),
-            |bucket| bucket.spend(now, cost, &self.quota),
+            |bucket| bucket.spend_exclusive(now, cost, &self.quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
             max_buckets: occupancy.max_buckets,

@@ -5,9 +5,9 @@
 //! `cfg(loom)` it is replaced by one `loom` read-write lock around a
 //! `HashMap`, standing in for a single shard: loom cannot see DashMap's own
 //! locks, and would report false races through them. The model assumes what
-//! DashMap documents: `read` runs under a shard read lock, and `write` and
-//! `retain` under the shard's write lock, so a `write` or `retain` on a key
-//! never overlaps a `read` of the same key.
+//! DashMap documents: `read` runs under a shard read lock, and `update`,
+//! `write` and `retain` under the shard's write lock, so those never overlap
+//! any other access to the same key.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -36,6 +36,15 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         self.inner.get(key).map(|value| f(&value))
+    }
+
+    /// Runs `f` on `key`'s value, if present, under the shard's write lock.
+    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.get_mut(key).map(|mut value| f(&mut value))
     }
 
     /// Runs `f` on `key`'s value under the shard's write lock, inserting
@@ -120,6 +129,14 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         self.inner.read().unwrap().get(key).map(f)
+    }
+
+    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.inner.write().unwrap().get_mut(key).map(f)
     }
 
     pub(crate) fn write<Q, R>(
