@@ -3,7 +3,7 @@
 //! These models run the real `TokenBucketLimiter` code. Under `cfg(loom)`
 //! its store (`src/store.rs`) is one loom `RwLock<HashMap>` standing in for
 //! a single DashMap shard, so the real insert protocol runs over a lock
-//! loom can see: a read-locked lookup and spend, then, for a missing key,
+//! loom can see: a write-locked lookup and spend, then, for a missing key,
 //! `entry().or_insert_with()` and the spend under the write lock.
 //!
 //! What the models assume about DashMap (as it documents): every key lives

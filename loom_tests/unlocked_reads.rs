@@ -1,6 +1,6 @@
 //! Model 6: eviction when the map's readers are not excluded by its writers.
 //!
-//! The limiter's DashMap store holds a shard read lock while a spend runs,
+//! The limiter's DashMap store holds a shard's write lock while a spend runs,
 //! so a sweep (under the write lock) never overlaps one. A store whose
 //! reads take no lock (such as the `scc::HashIndex` prototype measured in
 //! `benches/common`) gives no such exclusion: a spend can still be running

@@ -1,4 +1,6 @@
-//! One bucket: a single atomic word and its compare-and-swap loop.
+//! One bucket: a single atomic word, its compare-and-swap loop for buckets
+//! shared through an `Arc`, and a plain update for a map entry held under
+//! its shard's write lock.
 
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
@@ -141,9 +143,10 @@ impl Bucket {
     ///
     /// After a `true` return every later [`spend`](Self::spend) on this
     /// bucket fails with [`SpendError::Retired`], so a spend racing with
-    /// eviction either lands before the retirement (and the bucket is then
-    /// not full, so it is kept) or is sent back to the map. No admitted
-    /// spend is ever swallowed.
+    /// eviction (on a shared bucket; a map entry's spends hold the same
+    /// shard lock as the sweep) either lands before the retirement (and the
+    /// bucket is then not full, so it is kept) or is sent back to the map.
+    /// No admitted spend is ever swallowed.
     pub(crate) fn try_retire(&self, now: u64) -> bool {
         // Relaxed for the same reason as in `spend`: the compare-exchange
         // alone decides which of a racing spend and the retirement wins.

@@ -2,7 +2,7 @@
 //! again is spent there with no map lookup at all.
 //!
 //! A keyed call normally looks its key up in the sharded map, and taking a
-//! shard's read lock writes the shard's lock word: a line that every core
+//! shard's lock writes the shard's lock word: a line that every core
 //! calling that shard takes turns to own. When one key is hammered from
 //! several threads (the attack a limiter exists for), that write, not the
 //! bucket, is what limits throughput. So each thread counts which bucket

@@ -45,8 +45,10 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// lock. A key that one thread keeps calling is cached by that thread and
 /// then spent with one compare-and-swap and no lock at all (see
 /// [`with_hot_key_cache`](Self::with_hot_key_cache)), as is a
-/// [`BucketHandle`]. No method calls back into user code while holding a
-/// lock, so no method can deadlock another.
+/// [`BucketHandle`]. Under a lock, only the key type's own `Hash`, `Eq`
+/// and `Drop` run (DashMap hashes, compares and drops keys under its
+/// locks); as long as those do not call the limiter, no method can
+/// deadlock another.
 ///
 /// # Examples
 ///

@@ -4,8 +4,10 @@
 //! at `rate` tokens per second; each admitted call spends `cost` tokens
 //! (default 1). A new key starts full. Refill is computed from elapsed time
 //! on each call: no background thread, O(1) per call however long a key was
-//! idle. Each bucket is one atomic word updated with compare-and-swap, so
-//! any number of threads can call [`TokenBucketLimiter::allow`] at once.
+//! idle. Each bucket is one 64-bit word, updated under its map shard's lock
+//! or, for a key that a thread hammers or a handle holds, with a lock-free
+//! compare-and-swap, so any number of threads can call
+//! [`TokenBucketLimiter::allow`] at once.
 //!
 //! ```
 //! use keyrate::TokenBucketLimiter;
