@@ -30,6 +30,17 @@ pub(crate) enum SpendError {
     Shared,
 }
 
+/// The word a spend of `cost` at `now` would leave in place of `current`,
+/// or why there is none: a marker word, or a denial.
+#[inline]
+fn next_word(current: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
+    match current {
+        RETIRED => Err(SpendError::Retired),
+        SHARED => Err(SpendError::Shared),
+        _ => gcra::decide(current, now, cost, quota).map_err(SpendError::Denied),
+    }
+}
+
 /// One key's token bucket.
 #[derive(Debug)]
 pub(crate) struct Bucket {
@@ -66,13 +77,7 @@ impl Bucket {
         // decision.
         let mut current = self.full_at.load(Ordering::Relaxed);
         loop {
-            if current == RETIRED {
-                return Err(SpendError::Retired);
-            }
-            if current == SHARED {
-                return Err(SpendError::Shared);
-            }
-            let next = gcra::decide(current, now, cost, quota).map_err(SpendError::Denied)?;
+            let next = next_word(current, now, cost, quota)?;
             if next == current {
                 // Cost 0: admitted, nothing to write.
                 return Ok(current);
@@ -108,13 +113,7 @@ impl Bucket {
         // shard's write lock) excludes every other access to the word, and
         // the lock's release publishes the store to the next holder.
         let current = self.full_at.load(Ordering::Relaxed);
-        if current == RETIRED {
-            return Err(SpendError::Retired);
-        }
-        if current == SHARED {
-            return Err(SpendError::Shared);
-        }
-        let next = gcra::decide(current, now, cost, quota).map_err(SpendError::Denied)?;
+        let next = next_word(current, now, cost, quota)?;
         if next != current {
             self.full_at.store(next, Ordering::Relaxed);
         }
