@@ -154,17 +154,19 @@ mod imp {
                 .flatten()
         }
 
-        /// Counts a map lookup that found `bucket`; true when the calling
-        /// thread should now cache it (see [`insert`](Self::insert)).
+        /// Counts a map lookup that found the bucket at `found` (only the
+        /// address is used, so the lookup's lock may already be released);
+        /// true when the calling thread should now cache that key (see
+        /// [`insert`](Self::insert)).
         #[inline]
-        pub(crate) fn vote(&self, bucket: &Bucket) -> bool {
+        pub(crate) fn vote(&self, found: *const Bucket) -> bool {
             // The address stands for the key: stable while the entry stays
             // put. A rehash or a reused address only misdirects a vote, and
             // a promotion looks the key up again.
             if !self.on {
                 return false;
             }
-            let candidate = (self.id, std::ptr::from_ref(bucket) as usize);
+            let candidate = (self.id, found as usize);
             CACHE
                 .try_with(|cache| {
                     let Ok(mut cache) = cache.try_borrow_mut() else {
@@ -253,7 +255,7 @@ mod off {
             None
         }
 
-        pub(crate) fn vote(&self, _: &Bucket) -> bool {
+        pub(crate) fn vote(&self, _: *const Bucket) -> bool {
             false
         }
 

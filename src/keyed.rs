@@ -541,13 +541,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
                 };
-                let hot =
-                    matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(bucket);
-                (spent, hot)
+                (spent, std::ptr::from_ref(bucket))
             });
-            if let Some((spent, hot)) = fast {
-                if hot {
-                    // Outside the shard lock: `promote` takes it for writing.
+            if let Some((spent, found)) = fast {
+                // Outside the shard lock: the vote needs only the bucket's
+                // address, and `promote` takes the lock for writing.
+                if matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(found) {
                     self.promote(key);
                 }
                 match spent {
