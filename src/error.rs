@@ -23,6 +23,22 @@ pub enum ConfigError {
         /// The rate given, in tokens per second.
         rate: f64,
     },
+    /// The rate is in range, but one token's refill, `1e9 / rate` ns, is
+    /// not close enough to a whole number of nanoseconds: keyrate charges
+    /// `interval_nanos` per token, which would serve the rate more than
+    /// [`MAX_RATE_SHORTFALL`](crate::MAX_RATE_SHORTFALL) (0.1%) below what
+    /// was asked. Only rates above 1e6 tokens/s can meet this.
+    RateImprecise {
+        /// The rate given, in tokens per second.
+        rate: f64,
+        /// The whole nanoseconds per token it would be charged.
+        interval_nanos: u64,
+    },
+    /// A per-token interval under 1 ns or above `2^63 - 1` ns.
+    IntervalOutOfRange {
+        /// The interval given.
+        interval: Duration,
+    },
     /// The capacity is zero: such a bucket could never admit anything.
     ZeroCapacity,
     /// Refilling an empty bucket to `capacity` takes longer than the
@@ -47,6 +63,30 @@ impl fmt::Display for ConfigError {
                 f,
                 "invalid rate {rate} tokens/s: accepted rates are from about 1.1e-10 \
                  (one token per 2^63 ns) to 1e9 (one token per nanosecond)"
+            ),
+            ConfigError::RateImprecise {
+                rate,
+                interval_nanos,
+            } => {
+                let exact = 1e9 / rate;
+                let served = 1e9 / interval_nanos as f64;
+                write!(
+                    f,
+                    "imprecise rate {rate} tokens/s: one token every {exact:.4} ns would be \
+                     charged {interval_nanos} whole ns and served at {served:.6e} tokens/s, \
+                     {:.3}% below the rate (at most 0.1% is accepted, which every rate up to \
+                     1e6 tokens/s meets). Use Quota::with_interval for an exact whole-ns \
+                     interval ({} ns = {:.6e} tokens/s, or {interval_nanos} ns = {served:.6e}), \
+                     or count coarser tokens (KiB instead of bytes)",
+                    (1.0 - served / rate) * 100.0,
+                    interval_nanos.saturating_sub(1).max(1),
+                    1e9 / interval_nanos.saturating_sub(1).max(1) as f64,
+                )
+            }
+            ConfigError::IntervalOutOfRange { interval } => write!(
+                f,
+                "invalid interval {interval:?}: one token's refill must be a whole number \
+                 of nanoseconds from 1 ns to 2^63 - 1 ns"
             ),
             ConfigError::ZeroCapacity => {
                 f.write_str("invalid capacity 0: the capacity must be at least 1 token")

@@ -8,13 +8,28 @@
 //! A bucket is one `u64`, `full_at`: the instant (in nanoseconds) at which
 //! the bucket will hold `capacity` tokens again. At time `now` the bucket
 //! lacks `full_at - now` nanoseconds of refill (nothing if `full_at <= now`),
-//! so it holds `capacity - (full_at - now) / interval` tokens. This is the
+//! so it holds `capacity - (full_at - now) / interval` tokens, where the
+//! interval is a whole number of nanoseconds per token (see [`Quota`]'s
+//! precision rule). This is the
 //! seed's `(tokens, last_refill)` pair folded into one number (the generic
 //! cell rate algorithm): refill is implicit in the passing of time, so it
 //! can never be counted twice, and the cap at `capacity` is the `max` with
 //! `now` below.
 //!
 //! A brand-new bucket is the word `0`: full at every valid timestamp.
+//!
+//! # Why a whole number of nanoseconds per token
+//!
+//! Charging each call its own rounded share of a fractional interval
+//! (`ceil(cost * 1e9 / rate)`) lets the roundings add up over a burst, so a
+//! full bucket at 3 tokens/s lost the last token of its burst. Keeping the
+//! fraction exactly would need sub-nanosecond bits that a 64-bit word of
+//! absolute nanoseconds (Unix time is about 2^60.6 ns) does not have, and
+//! coarsening time instead would let a bucket gain a token early. A whole
+//! interval per token keeps every bucket on an exact integer grid: bursts
+//! are exact, nothing is ever more lenient than the exact token bucket, and
+//! the only error is the interval's rounding, once per token, which
+//! [`Quota::new`] bounds (see [`Quota`]).
 
 use crate::error::{ConfigError, Denial};
 use crate::time::MAX_TIMESTAMP_NANOS;
@@ -27,36 +42,56 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 /// meets the bucket's two marker words.
 const MAX_SPEND_NANOS: u64 = MAX_TIMESTAMP_NANOS - 1;
 
+/// The largest shortfall of the long-run served rate against the rate asked
+/// for that [`Quota::new`] accepts: 0.1%. A rate that would be served
+/// further below is refused with [`ConfigError::RateImprecise`].
+pub const MAX_RATE_SHORTFALL: f64 = 1e-3;
+
 /// A bucket's shape: how many tokens it holds at most, and how fast it refills.
 ///
-/// The per-token interval `1e9 / rate` nanoseconds is kept as an exact
-/// fraction of the `f64` rate, so rates such as 3/s or 0.1/s lose nothing
-/// to a rounded interval.
+/// # Precision
+///
+/// A quota charges every token one whole number of nanoseconds of refill:
+/// its [`interval`](Quota::interval) is `1e9 / rate` rounded **up** to the
+/// nanosecond (computed from the exact binary value of the `f64` rate), and
+/// a full bucket holds exactly `capacity` such intervals. So:
+///
+/// - a full bucket admits calls whose costs sum to exactly `capacity`, at
+///   one instant, with any mix of costs, and nothing more;
+/// - over any span of timestamps, admitted cost never exceeds
+///   `capacity + rate * span`: keyrate is never more lenient than the exact
+///   token bucket;
+/// - the long-run rate served is [`served_rate`](Quota::served_rate)
+///   `= 1e9 / interval`, at most 1 ns per token slower than `rate`: below it
+///   by less than `rate / 1e9` relatively (under one part per million up to
+///   1000 tokens/s, and exactly `rate` whenever `1e9 / rate` is a whole
+///   number of nanoseconds). [`Quota::new`] refuses a rate that would be
+///   served more than [`MAX_RATE_SHORTFALL`] (0.1%) below what was asked,
+///   which can only happen above 1e6 tokens/s, such as 3e8 (3.33 ns per
+///   token would be served as 4 ns). Count coarser tokens there (KiB, not
+///   bytes), or pick a whole interval with [`Quota::with_interval`].
 ///
 /// # Examples
 ///
 /// ```
 /// use keyrate::Quota;
+/// use std::time::Duration;
 ///
 /// let quota = Quota::new(3.0, 10).unwrap();
 /// assert_eq!(quota.capacity(), 10);
 /// assert_eq!(quota.rate(), 3.0);
+/// assert_eq!(quota.interval(), Duration::from_nanos(333_333_334));
 /// assert!(Quota::new(0.0, 10).is_err());
+/// assert!(Quota::new(3e8, 10).is_err()); // 3.33 ns per token: not whole
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Quota {
     rate: f64,
     capacity: u64,
-    /// The per-token interval is `interval_num / interval_den` nanoseconds.
-    interval_num: u128,
-    interval_den: u64,
-    /// `spend(capacity)`: the refill an empty bucket needs to become full.
+    /// Nanoseconds of refill per token: `ceil(1e9 / rate)`, at least 1.
+    interval: u64,
+    /// `capacity * interval`: the refill an empty bucket needs to be full.
     window: u64,
-    /// `spend(1)`, the common case, computed once.
-    spend_one: u64,
-    /// The interval when it is a whole number of nanoseconds, else 0: then
-    /// `spend(cost)` is a multiplication, not a 128-bit division.
-    whole_interval: u64,
 }
 
 impl Quota {
@@ -65,9 +100,11 @@ impl Quota {
     /// # Errors
     ///
     /// [`ConfigError`] when `rate` is not finite and positive, when one token
-    /// would take less than 1 ns or more than `2^63` ns to refill, when
-    /// `capacity` is zero, or when refilling `capacity` tokens would take
-    /// more than `2^63 - 1` ns.
+    /// would take less than 1 ns or more than `2^63` ns to refill, when the
+    /// whole-nanosecond interval would serve the rate more than
+    /// [`MAX_RATE_SHORTFALL`] below what was asked (see
+    /// [Precision](Quota#precision)), when `capacity` is zero, or when
+    /// refilling `capacity` tokens would take more than `2^63 - 2` ns.
     ///
     /// # Examples
     ///
@@ -76,6 +113,7 @@ impl Quota {
     ///
     /// assert!(Quota::new(0.25, 1).is_ok());
     /// assert_eq!(Quota::new(1.0, 0), Err(ConfigError::ZeroCapacity));
+    /// assert!(matches!(Quota::new(3e8, 1), Err(ConfigError::RateImprecise { .. })));
     /// ```
     pub fn new(rate: f64, capacity: u64) -> Result<Self, ConfigError> {
         if !(rate.is_finite() && rate > 0.0) {
@@ -84,56 +122,98 @@ impl Quota {
         if capacity == 0 {
             return Err(ConfigError::ZeroCapacity);
         }
-        let out_of_range = ConfigError::RateOutOfRange { rate };
-        // rate = odd * 2^exp exactly, so 1e9 / rate = num / den exactly.
-        let (mantissa, exponent) = decompose(rate);
-        let zeros = mantissa.trailing_zeros();
-        let odd = mantissa >> zeros;
-        let exponent = exponent + zeros as i32;
-        let (num, den) = if exponent >= 0 {
-            let den = odd
-                .checked_shl(exponent as u32)
-                .filter(|d| d >> exponent == odd)
-                .ok_or(out_of_range)?;
-            (NANOS_PER_SEC, den)
-        } else {
-            let shift = exponent.unsigned_abs();
-            // 1e9 < 2^30: the numerator fits a u128 up to a shift of 97.
-            if shift > 97 {
-                return Err(out_of_range);
-            }
-            (NANOS_PER_SEC << shift, odd)
-        };
+        let (num, den) = exact_interval(rate).ok_or(ConfigError::RateOutOfRange { rate })?;
         // One token must take at least 1 ns and at most 2^63 - 1 ns.
         let den_wide = u128::from(den);
-        if num < den_wide || num / den_wide > u128::from(MAX_TIMESTAMP_NANOS) {
-            return Err(out_of_range);
+        if num < den_wide {
+            return Err(ConfigError::RateOutOfRange { rate });
         }
-        let mut quota = Quota {
-            rate,
-            capacity,
-            interval_num: num,
-            interval_den: den,
-            window: 0,
-            spend_one: 0,
-            whole_interval: 0,
-        };
-        // Fill the shortcuts only after computing them the general way.
-        let spend_one = quota.spend(1).ok_or(out_of_range)?;
-        if num % den_wide == 0 {
-            quota.whole_interval = spend_one;
+        let interval = u64::try_from(num.div_ceil(den_wide))
+            .ok()
+            .filter(|&t| t <= MAX_TIMESTAMP_NANOS)
+            .ok_or(ConfigError::RateOutOfRange { rate })?;
+        // Served rate 1e9 / interval against 1e9 / (num / den): the relative
+        // shortfall is (interval - num / den) / interval. The excess
+        // `interval * den - num` is below `den`, so `1000 * excess` fits.
+        let excess = u128::from(interval) * den_wide - num;
+        if 1000 * excess > u128::from(interval) * den_wide {
+            return Err(ConfigError::RateImprecise {
+                rate,
+                interval_nanos: interval,
+            });
         }
-        quota.spend_one = spend_one;
-        quota.window = quota
-            .spend(capacity)
-            .ok_or(ConfigError::WindowTooLong { capacity, rate })?;
-        Ok(quota)
+        Self::build(rate, interval, capacity)
     }
 
-    /// The refill rate, in tokens per second.
+    /// Makes a quota of `capacity` tokens, one token refilled every
+    /// `interval` (a whole number of nanoseconds): the rate is served
+    /// exactly.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when `interval` is under 1 ns or above `2^63 - 1`
+    /// ns, when `capacity` is zero, or when refilling `capacity` tokens
+    /// would take more than `2^63 - 2` ns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::Quota;
+    /// use std::time::Duration;
+    ///
+    /// // 3 ns per token: the 3.33e8 tokens/s that Quota::new(1e9 / 3.0, _)
+    /// // cannot state exactly in an f64.
+    /// let quota = Quota::with_interval(Duration::from_nanos(3), 1024).unwrap();
+    /// assert_eq!(quota.interval(), Duration::from_nanos(3));
+    /// assert_eq!(quota.refill_time(), Duration::from_nanos(3 * 1024));
+    /// ```
+    pub fn with_interval(interval: Duration, capacity: u64) -> Result<Self, ConfigError> {
+        let nanos = u64::try_from(interval.as_nanos())
+            .ok()
+            .filter(|&t| (1..=MAX_TIMESTAMP_NANOS).contains(&t))
+            .ok_or(ConfigError::IntervalOutOfRange { interval })?;
+        if capacity == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        Self::build(1e9 / nanos as f64, nanos, capacity)
+    }
+
+    fn build(rate: f64, interval: u64, capacity: u64) -> Result<Self, ConfigError> {
+        let window = capacity
+            .checked_mul(interval)
+            .filter(|&w| w <= MAX_SPEND_NANOS)
+            .ok_or(ConfigError::WindowTooLong { capacity, rate })?;
+        Ok(Quota {
+            rate,
+            capacity,
+            interval,
+            window,
+        })
+    }
+
+    /// The refill rate asked for, in tokens per second.
     #[must_use]
     pub fn rate(&self) -> f64 {
         self.rate
+    }
+
+    /// The rate actually served over a long run, in tokens per second:
+    /// `1e9 / interval`. Equal to [`rate`](Self::rate) when `1e9 / rate` is
+    /// a whole number of nanoseconds, else below it by less than 1 ns per
+    /// token and at most [`MAX_RATE_SHORTFALL`] relatively.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::Quota;
+    ///
+    /// assert_eq!(Quota::new(4.0, 1).unwrap().served_rate(), 4.0);
+    /// let third = Quota::new(3.0, 1).unwrap().served_rate();
+    /// assert!(third < 3.0 && third > 3.0 * (1.0 - 1e-8));
+    /// ```
+    #[must_use]
+    pub fn served_rate(&self) -> f64 {
+        1e9 / self.interval as f64
     }
 
     /// The most tokens a bucket holds: the largest burst.
@@ -142,9 +222,25 @@ impl Quota {
         self.capacity
     }
 
-    /// How long an empty bucket takes to refill completely, rounded up to
-    /// the nanosecond. A bucket idle this long is indistinguishable from a
-    /// new one.
+    /// The refill each token costs: `1e9 / rate` nanoseconds, rounded up to
+    /// a whole nanosecond.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::Quota;
+    /// use std::time::Duration;
+    ///
+    /// assert_eq!(Quota::new(2.0, 3).unwrap().interval(), Duration::from_millis(500));
+    /// ```
+    #[must_use]
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.interval)
+    }
+
+    /// How long an empty bucket takes to refill completely: `capacity`
+    /// intervals. A bucket idle this long is indistinguishable from a new
+    /// one.
     ///
     /// # Examples
     ///
@@ -160,41 +256,45 @@ impl Quota {
         Duration::from_nanos(self.window)
     }
 
-    /// The refill of a full bucket, in nanoseconds: `spend(capacity)`.
+    /// The refill of a full bucket, in nanoseconds: `capacity * interval`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn window(&self) -> u64 {
         self.window
     }
 
-    /// The refill a call of `cost` tokens uses up: `ceil(cost * interval)`
+    /// The refill a call of `cost` tokens uses up: `cost * interval`
     /// nanoseconds, or `None` when that exceeds `2^63 - 2` ns.
-    ///
-    /// This ceiling is the only rounding in keyrate's arithmetic: it makes
-    /// an admitted call cost less than 1 ns of refill more than the exact
-    /// model, never less.
     #[inline]
     pub(crate) fn spend(&self, cost: u64) -> Option<u64> {
-        if cost == 1 && self.spend_one != 0 {
-            return Some(self.spend_one);
-        }
-        if self.whole_interval != 0 {
-            return cost
-                .checked_mul(self.whole_interval)
-                .filter(|&ns| ns <= MAX_SPEND_NANOS);
-        }
-        let ns = mul_div_ceil(cost, self.interval_num, self.interval_den)?;
-        u64::try_from(ns).ok().filter(|&ns| ns <= MAX_SPEND_NANOS)
+        cost.checked_mul(self.interval)
+            .filter(|&ns| ns <= MAX_SPEND_NANOS)
     }
 
     /// Whole tokens held by a bucket lacking `missing` ns of refill.
     fn tokens_with(&self, missing: u64) -> u64 {
-        let Some(available) = self.window.checked_sub(missing) else {
-            return 0;
-        };
-        // The largest n with ceil(n * num / den) <= available, i.e.
-        // n <= available * den / num. available < 2^63 and den < 2^64.
-        let n = u128::from(available) * u128::from(self.interval_den) / self.interval_num;
-        u64::try_from(n).unwrap_or(u64::MAX).min(self.capacity)
+        // window = capacity * interval, so this is at most capacity.
+        self.window.saturating_sub(missing) / self.interval
+    }
+}
+
+/// The exact per-token interval `1e9 / rate` nanoseconds as a fraction
+/// `(num, den)`, or `None` when it cannot be formed in 128 bits (the rate
+/// is then far outside the accepted range).
+fn exact_interval(rate: f64) -> Option<(u128, u64)> {
+    // rate = odd * 2^exp exactly, so 1e9 / rate = num / den exactly.
+    let (mantissa, exponent) = decompose(rate);
+    let zeros = mantissa.trailing_zeros();
+    let odd = mantissa >> zeros;
+    let exponent = exponent + zeros as i32;
+    if exponent >= 0 {
+        let den = odd
+            .checked_shl(exponent as u32)
+            .filter(|d| d >> exponent == odd)?;
+        Some((NANOS_PER_SEC, den))
+    } else {
+        let shift = exponent.unsigned_abs();
+        // 1e9 < 2^30: the numerator fits a u128 up to a shift of 97.
+        (shift <= 97).then(|| (NANOS_PER_SEC << shift, odd))
     }
 }
 
@@ -210,31 +310,6 @@ fn decompose(value: f64) -> (u64, i32) {
     } else {
         (fraction | (1 << 52), biased - 1075)
     }
-}
-
-/// `ceil(a * b / d)` without overflow, or `None` if it exceeds `u128`.
-///
-/// The product is formed in three 64-bit limbs and divided by schoolbook
-/// long division, so it is exact for every input.
-fn mul_div_ceil(a: u64, b: u128, d: u64) -> Option<u128> {
-    debug_assert!(d > 0);
-    let a = u128::from(a);
-    let low = a * (b & u128::from(u64::MAX));
-    let high = a * (b >> 64) + (low >> 64);
-    let limbs = [(high >> 64) as u64, high as u64, low as u64];
-    let d = u128::from(d);
-    let mut quotient = [0u64; 3];
-    let mut remainder = 0u128;
-    for (q, limb) in quotient.iter_mut().zip(limbs) {
-        let current = (remainder << 64) | u128::from(limb);
-        *q = (current / d) as u64;
-        remainder = current % d;
-    }
-    if quotient[0] != 0 {
-        return None;
-    }
-    let result = (u128::from(quotient[1]) << 64) | u128::from(quotient[2]);
-    result.checked_add(u128::from(remainder != 0))
 }
 
 /// Decides one call against a bucket word.
@@ -261,8 +336,9 @@ pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result
             capacity: quota.capacity,
         });
     }
-    // cost <= capacity, so spend <= window and cannot fail.
-    let spend = quota.spend(cost).unwrap_or(u64::MAX);
+    // cost <= capacity, so spend <= capacity * interval = window: no
+    // overflow.
+    let spend = cost * quota.interval;
     // Refill the bucket still lacks at `now` after this call (capped: a
     // full bucket lacks nothing, whatever time has passed).
     let missing = full_at.saturating_sub(now).saturating_add(spend);
@@ -375,25 +451,28 @@ mod tests {
     }
 
     #[test]
-    fn fractional_intervals_round_each_spend_up_by_less_than_a_nanosecond() {
-        // 3 tokens/s: 333_333_333.33 ns per token.
+    fn fractional_intervals_charge_a_whole_interval_per_token() {
+        // 3 tokens/s: 333_333_333.3 ns per token, charged 333_333_334.
         let q = quota(3.0, 3);
         assert_eq!(q.spend(1), Some(333_333_334));
-        assert_eq!(q.spend(2), Some(666_666_667));
-        assert_eq!(q.spend(3), Some(SEC));
-        assert_eq!(q.window, SEC);
-        // 1 then 2 from a full bucket: 333_333_334 + 666_666_667 > 1e9, so
-        // the rounding denies the second call by one nanosecond...
-        let w = decide(0, 0, 1, &q).unwrap();
-        assert_eq!(
-            decide(w, 0, 2, &q).unwrap_err().retry_after(),
-            Some(Duration::from_nanos(1))
-        );
-        // ...and 1 ns later it is admitted.
-        assert!(decide(w, 1, 2, &q).is_ok());
-        // 0.1/s is not exactly representable; the interval is still exact.
+        assert_eq!(q.spend(2), Some(666_666_668));
+        assert_eq!(q.window, 1_000_000_002);
+        // A full bucket admits its whole burst, whatever the cost mix...
+        for costs in [&[1, 1, 1][..], &[1, 2], &[2, 1], &[3]] {
+            let mut w = 0;
+            for &c in costs {
+                w = decide(w, 0, c, &q).unwrap();
+            }
+            assert_eq!(w, q.window);
+            // ...and not one token more, until a whole interval has passed.
+            let wait = decide(w, 0, 1, &q).unwrap_err().retry_after();
+            assert_eq!(wait, Some(Duration::from_nanos(333_333_334)));
+            assert!(decide(w, 333_333_333, 1, &q).is_err());
+            assert!(decide(w, 333_333_334, 1, &q).is_ok());
+        }
+        // 0.1/s is not exactly representable: the interval rounds up to 10 s.
         let q = quota(0.1, 1);
-        assert_eq!(q.spend(1), Some(10 * SEC)); // 1e9 / 0.1000...0555 rounds up to 1e10
+        assert_eq!(q.spend(1), Some(10 * SEC));
     }
 
     #[test]
@@ -436,27 +515,71 @@ mod tests {
     }
 
     #[test]
-    fn shortcuts_agree_with_the_general_spend() {
-        for (rate, cap) in [
-            (1.0, 9),
-            (3.0, 9),
-            (0.25, 9),
-            (1e9, 9),
-            (0.1, 9),
-            (1000.0, 9),
-        ] {
-            let q = quota(rate, cap);
-            let general = Quota {
-                spend_one: 0,
-                whole_interval: 0,
-                ..q
-            };
-            for cost in [0, 1, 2, 3, 7, 9, 1 << 20, u64::MAX / 3, u64::MAX] {
-                assert_eq!(q.spend(cost), general.spend(cost), "{rate} {cost}");
-            }
+    fn rates_served_more_than_a_tenth_of_a_percent_slow_are_refused() {
+        // 3.33 ns per token would be served as 4 ns: 25% slow.
+        assert_eq!(
+            Quota::new(3e8, 1),
+            Err(ConfigError::RateImprecise {
+                rate: 3e8,
+                interval_nanos: 4
+            })
+        );
+        // The f64 nearest 1e9 / 3 is a little below it: 3.0000000000000002
+        // ns per token, charged 4.
+        assert!(matches!(
+            Quota::new(1e9 / 3.0, 1),
+            Err(ConfigError::RateImprecise {
+                interval_nanos: 4,
+                ..
+            })
+        ));
+        // Whole intervals are exact at any speed.
+        for rate in [1e9, 5e8, 2.5e8, 1e8, 1e7] {
+            let q = quota(rate, 1);
+            assert_eq!(q.served_rate(), rate);
         }
-        assert_eq!(quota(4.0, 1).whole_interval, 250_000_000);
-        assert_eq!(quota(3.0, 1).whole_interval, 0);
+        // Near the bound: half a nanosecond short of a whole interval is
+        // 0.05% slow at 1000.5 ns, 0.06% at 800.5 ns (both accepted) and
+        // 0.12% at 400.5 ns (refused).
+        assert_eq!(quota(1e9 / 1000.5, 1).interval, 1001);
+        assert_eq!(quota(1e9 / 800.5, 1).interval, 801);
+        assert!(Quota::new(1e9 / 400.5, 1).is_err());
+        // Every rate up to 1e6/s is accepted (interval >= 1000 ns).
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let rate = 1e-9 + (x >> 11) as f64 / (1u64 << 53) as f64 * 1e6;
+            let q = quota(rate, 1);
+            assert!(q.served_rate() <= rate);
+            assert!(q.served_rate() >= rate * (1.0 - MAX_RATE_SHORTFALL));
+        }
+        // The message says what is accepted.
+        let msg = Quota::new(3e8, 1).unwrap_err().to_string();
+        assert!(
+            msg.contains("0.1%") && msg.contains("with_interval"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn whole_intervals_are_taken_as_given() {
+        let q = Quota::with_interval(Duration::from_nanos(3), 10).unwrap();
+        assert_eq!((q.interval, q.window, q.capacity), (3, 30, 10));
+        assert!(matches!(
+            Quota::with_interval(Duration::ZERO, 1),
+            Err(ConfigError::IntervalOutOfRange { .. })
+        ));
+        assert!(Quota::with_interval(Duration::from_nanos(1 << 63), 1).is_err());
+        assert_eq!(
+            Quota::with_interval(Duration::from_secs(1), 0),
+            Err(ConfigError::ZeroCapacity)
+        );
+        assert!(matches!(
+            Quota::with_interval(Duration::from_secs(1 << 20), 1 << 40),
+            Err(ConfigError::WindowTooLong { .. })
+        ));
     }
 
     #[test]
@@ -466,16 +589,5 @@ mod tests {
             let back = (m as f64) * 2f64.powi(e.max(-1022)) * 2f64.powi((e + 1022).min(0));
             assert_eq!(back, v, "{v}");
         }
-    }
-
-    #[test]
-    fn mul_div_ceil_is_exact() {
-        assert_eq!(mul_div_ceil(3, 10, 4), Some(8));
-        assert_eq!(mul_div_ceil(0, 10, 4), Some(0));
-        assert_eq!(mul_div_ceil(u64::MAX, u128::MAX, 1), None);
-        let big = 1u128 << 100;
-        assert_eq!(mul_div_ceil(1 << 40, big, 1 << 20), Some(1 << 120));
-        assert_eq!(mul_div_ceil(7, big + 1, 7), Some(big + 1));
-        assert_eq!(mul_div_ceil(u64::MAX, 3, 3), Some(u128::from(u64::MAX)));
     }
 }

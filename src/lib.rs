@@ -30,11 +30,16 @@
 //!   0 up to [`MAX_TIMESTAMP_NANOS`] (`2^63 - 1` ns, about 292 years).
 //!   NaN, infinite, negative or larger timestamps are denied and change
 //!   nothing.
-//! - Decisions equal an exact model of the token bucket evaluated at those
-//!   nanoseconds, except that an admitted call of cost `n` uses up
-//!   `ceil(n * 1e9 / rate)` nanoseconds of refill: less than 1 ns more than
-//!   exact, and only when `1e9 / rate` is not a whole number. keyrate is
-//!   never more lenient than the exact model.
+//! - Decisions equal an exact token bucket evaluated at those nanoseconds
+//!   that refills one token every [`Quota::interval`]: `1e9 / rate` ns
+//!   rounded up to a whole nanosecond. A full bucket admits calls whose
+//!   costs sum to exactly `capacity`, at one instant, with any mix of
+//!   costs; over any span, admitted cost never exceeds
+//!   `capacity + rate * span` (keyrate is never more lenient than the exact
+//!   token bucket); and the long-run rate served is below `rate` by less
+//!   than 1 ns per token, at most [`MAX_RATE_SHORTFALL`] (0.1%): a rate
+//!   that cannot be served that closely is refused with
+//!   [`ConfigError::RateImprecise`] (see [`Quota`]).
 //! - Time that runs backwards never creates tokens: a call stamped earlier
 //!   than the bucket's last update sees the bucket as it was at that
 //!   earlier instant, with every later spend already charged. A bucket's
@@ -62,7 +67,7 @@ mod time;
 mod wait;
 
 pub use crate::error::{ConfigError, Denial};
-pub use crate::gcra::Quota;
+pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
 pub use crate::layer::{RateLimitLayer, RateLimitService};

@@ -255,18 +255,18 @@ async fn retry_after_is_exact<B: Backend>() {
     );
     assert_eq!(b.check("k", wait.as_secs_f64(), 1).await, Ok(0));
 
-    // A fractional interval: 3 tokens/s is 333_333_333.3 ns per token, and
-    // each spend rounds up by less than 1 ns.
+    // A fractional interval: 3 tokens/s is 333_333_333.3 ns per token,
+    // charged as 333_333_334 whole ns, so a burst of 3 is whole.
     let Some(b) = B::new(quota(3.0, 3)).await else {
         return;
     };
-    // 2 tokens less the < 1 ns of rounding: 1 whole token shows.
-    assert_eq!(b.check("k", 0.0, 1).await, Ok(1));
+    assert_eq!(b.check("k", 0.0, 1).await, Ok(2));
+    assert_eq!(b.check("k", 0.0, 2).await, Ok(0));
     assert_eq!(
-        b.check("k", 0.0, 2).await.unwrap_err().retry_after(),
-        Some(Duration::from_nanos(1))
+        b.check("k", 0.0, 1).await.unwrap_err().retry_after(),
+        Some(Duration::from_nanos(333_333_334))
     );
-    assert_eq!(b.check("k", NANOS, 2).await, Ok(0));
+    assert_eq!(b.check("k", 333_333_334.0 * NANOS, 1).await, Ok(0));
 }
 
 async fn refill_is_capped<B: Backend>() {
@@ -289,6 +289,64 @@ async fn keys_are_independent<B: Backend>() {
     assert_eq!(b.buckets().await, 2);
 }
 
+/// A full bucket admits calls whose costs sum to exactly its capacity, at
+/// one instant, at awkward rates and with mixed costs; one token more is
+/// denied for exactly one interval. The same after idling `refill_time`.
+async fn whole_bursts<B: Backend>() {
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for (i, rate) in [
+        0.1,
+        0.3,
+        1.0 / 3.0,
+        3.0,
+        7.0,
+        1000.0 / 3.0,
+        123_457.0,
+        1e6 / 7.0,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for capacity in [1, 3, 7, 100, 2990] {
+            let q = quota(rate, capacity);
+            let Some(b) = B::new(q).await else {
+                return;
+            };
+            let key = format!("burst{i}");
+            let interval = q.interval().as_nanos() as u64;
+            let window = q.refill_time().as_nanos() as u64;
+            let mut now = if i % 2 == 0 { EPOCH_UNIX } else { 0 };
+            for _round in 0..2 {
+                let (secs, seen) = as_secs(now);
+                let mut left = capacity;
+                while left > 0 {
+                    let cost = 1 + next() % left.min(1 + capacity / 4);
+                    left -= cost;
+                    assert_eq!(b.check(&key, secs, cost).await, Ok(left), "rate {rate}");
+                }
+                assert_eq!(
+                    b.check(&key, secs, 1).await,
+                    Err(Denial::InsufficientTokens {
+                        retry_after: Duration::from_nanos(interval)
+                    }),
+                    "rate {rate} capacity {capacity}"
+                );
+                // Idle at least refill_time (an f64 of Unix seconds rounds
+                // to ~240 ns, so a microsecond more).
+                let later = as_secs(seen + window + 1_000).1;
+                assert!(later >= seen + window);
+                now = later;
+            }
+        }
+    }
+}
+
 /// Rates as exact fractions `num / den`: whole and fractional intervals.
 const RATES: &[(u64, u64)] = &[
     (1, 1),
@@ -297,7 +355,8 @@ const RATES: &[(u64, u64)] = &[
     (7, 2),
     (1000, 1),
     (13, 16),
-    (999_999_937, 1),
+    (999_983, 1),
+    (1_000_000_000, 1),
 ];
 
 const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
@@ -414,6 +473,7 @@ suite!(
     bad_timestamps,
     backwards_time,
     retry_after_is_exact,
+    whole_bursts,
     refill_is_capped,
     keys_are_independent,
     equals_the_exact_model,

@@ -141,7 +141,14 @@ type Trace = ((u64, u64), u64, Vec<(u64, u64)>);
 
 /// Nanosecond-exact traces at Unix scale, through `check_at`.
 fn trace() -> impl Strategy<Value = Trace> {
-    let rates = [(1u64, 1u64), (3, 1), (7, 2), (13, 16), (999_999_937, 1)];
+    let rates = [
+        (1u64, 1u64),
+        (3, 1),
+        (7, 2),
+        (13, 16),
+        (999_983, 1),
+        (1_000_000_000, 1),
+    ];
     (0..rates.len(), 1u64..=6).prop_flat_map(move |(r, capacity)| {
         let ops = prop::collection::vec((any::<u64>(), 0..=capacity + 1), 1..40);
         (Just(rates[r]), Just(capacity), ops)

@@ -2,12 +2,15 @@
 //! the library: the seed's `(tokens, last_refill)` pair per key, in integer
 //! units so that no arithmetic rounds.
 //!
-//! With `rate = num / den` tokens per second, one token is `1e9 * den` units
-//! and one nanosecond of refill is `num` units. [`Model::exact`] is the seed
-//! verbatim. [`Model::rounded`] is keyrate's contract: identical, except that
-//! an admitted call of cost `n` uses `ceil(n * 1e9 / rate)` whole nanoseconds
-//! of refill (less than 1 ns more than exact), and the bucket holds
-//! `ceil(capacity * 1e9 / rate)` ns of refill when full.
+//! With `rate = num / den` tokens per second, one token takes
+//! `1e9 * den / num` nanoseconds to refill. [`Model::exact`] is the seed
+//! verbatim, in units where one token is `1e9 * den` and one nanosecond of
+//! refill is `num`. [`Model::rounded`] is keyrate's contract: the same
+//! bucket refilled at the served rate, one token per `ceil(1e9 * den / num)`
+//! whole nanoseconds (one token is that many units, one nanosecond one
+//! unit). Its only difference from the exact model is that rate, at most
+//! 1 ns per token slower, and never by more than 0.1% (see
+//! [`Model::served_shortfall`]); there is no per-call slack.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -27,33 +30,68 @@ pub enum Outcome {
 
 #[derive(Debug, Clone)]
 pub struct Model {
+    /// The exact rate, `num / den` tokens per second.
     num: u128,
     den: u128,
     capacity: u64,
-    rounded: bool,
+    /// Units one token is worth.
+    token: u128,
+    /// Units one nanosecond refills.
+    per_ns: u128,
     /// key -> (credit in units, last refill in ns)
     buckets: HashMap<String, (u128, u64)>,
 }
 
 impl Model {
     /// keyrate's contract for `rate = num / den` (den a power of two, so
-    /// the rate is an exact `f64`).
+    /// the rate is an exact `f64`): a whole interval per token.
     pub fn rounded(num: u64, den: u64, capacity: u64) -> Self {
-        Self::build(num, den, capacity, true)
+        let interval = (NANOS * u128::from(den)).div_ceil(u128::from(num));
+        Self::build(num, den, capacity, interval, 1)
     }
 
     /// The seed's semantics with exact rational arithmetic.
     pub fn exact(num: u64, den: u64, capacity: u64) -> Self {
-        Self::build(num, den, capacity, false)
+        Self::build(num, den, capacity, NANOS * u128::from(den), num.into())
     }
 
-    fn build(num: u64, den: u64, capacity: u64, rounded: bool) -> Self {
+    /// The rate of an `f64` as the exact fraction `(num, den)` that
+    /// [`rounded`](Self::rounded) and [`exact`](Self::exact) take, when
+    /// both fit a `u64`.
+    pub fn fraction(rate: f64) -> Option<(u64, u64)> {
+        assert!(rate.is_finite() && rate > 0.0);
+        let bits = rate.to_bits();
+        let biased = ((bits >> 52) & 0x7ff) as i32;
+        let fraction = bits & ((1 << 52) - 1);
+        let (mut mantissa, mut exponent) = if biased == 0 {
+            (fraction, -1074)
+        } else {
+            (fraction | (1 << 52), biased - 1075)
+        };
+        while mantissa % 2 == 0 {
+            mantissa /= 2;
+            exponent += 1;
+        }
+        if exponent >= 0 {
+            mantissa
+                .checked_shl(exponent as u32)
+                .filter(|m| m >> exponent == mantissa)
+                .map(|m| (m, 1))
+        } else if exponent > -64 {
+            Some((mantissa, 1u64 << -exponent))
+        } else {
+            None
+        }
+    }
+
+    fn build(num: u64, den: u64, capacity: u64, token: u128, per_ns: u128) -> Self {
         assert!(den.is_power_of_two() && num > 0 && capacity > 0);
         Model {
             num: num.into(),
             den: den.into(),
             capacity,
-            rounded,
+            token,
+            per_ns,
             buckets: HashMap::new(),
         }
     }
@@ -72,19 +110,21 @@ impl Model {
         (NANOS * self.den) % self.num == 0
     }
 
-    /// Units a call of `cost` tokens uses.
-    fn spend(&self, cost: u64) -> u128 {
-        let exact = u128::from(cost) * NANOS * self.den;
-        if self.rounded {
-            exact.div_ceil(self.num) * self.num
-        } else {
-            exact
-        }
+    /// How far below the exact rate this model refills, as a fraction of
+    /// the exact rate (0 for the exact model).
+    pub fn served_shortfall(&self) -> f64 {
+        let served = self.per_ns as f64 * NANOS as f64 / self.token as f64;
+        1.0 - served / self.rate()
     }
 
-    /// Nanoseconds a call of `cost` uses (rounded up).
+    /// Units a call of `cost` tokens uses.
+    fn spend(&self, cost: u64) -> u128 {
+        u128::from(cost) * self.token
+    }
+
+    /// Nanoseconds of refill a call of `cost` uses (rounded up).
     pub fn spend_ns(&self, cost: u64) -> u64 {
-        (u128::from(cost) * NANOS * self.den).div_ceil(self.num) as u64
+        self.spend(cost).div_ceil(self.per_ns) as u64
     }
 
     /// The units a full bucket holds.
@@ -98,14 +138,14 @@ impl Model {
             None => self.full(),
             Some(&(credit, last)) => {
                 assert!(now >= last, "the model needs per-key monotone time");
-                let refill = u128::from(now - last) * self.num;
+                let refill = u128::from(now - last) * self.per_ns;
                 (credit + refill).min(self.full())
             }
         }
     }
 
     fn whole_tokens(&self, credit: u128) -> u64 {
-        ((credit / (NANOS * self.den)) as u64).min(self.capacity)
+        ((credit / self.token) as u64).min(self.capacity)
     }
 
     /// One call of `cost` tokens on `key` at `now` (ns). Per key, `now`
@@ -133,7 +173,7 @@ impl Model {
                 self.buckets.insert(key.to_owned(), (credit, now));
             }
             Outcome::Wait {
-                retry_ns: (spend - credit).div_ceil(self.num) as u64,
+                retry_ns: (spend - credit).div_ceil(self.per_ns) as u64,
             }
         }
     }
@@ -148,19 +188,29 @@ impl Model {
         self.buckets.len()
     }
 
-    /// Whether the call `(cost admitted at t)` history of one key respects
-    /// the budget: in every window `[t_i, t_j]`, the admitted cost is at
-    /// most `capacity + rate * (t_j - t_i)` (exactly).
+    /// Whether one key's admitted calls `(t, cost)`, in time order, respect
+    /// the exact token bucket's budget: over every span `[t_i, t_j]`, the
+    /// admitted cost is at most `capacity + rate * (t_j - t_i)`, in exact
+    /// rational arithmetic on the exact rate (whichever model this is).
+    ///
+    /// Linear time: with `S_k` the cost admitted up to call `k`, the budget
+    /// holds iff `(S_j - rate * t_j) - (S_{i-1} - rate * t_i) <= capacity`
+    /// for all `i <= j`, so it keeps the least `S_{i-1} - rate * t_i` seen.
     pub fn within_budget(&self, admitted: &[(u64, u64)]) -> bool {
-        for i in 0..admitted.len() {
-            let mut sum: u128 = 0;
-            for &(t, cost) in &admitted[i..] {
-                sum += u128::from(cost);
-                let span = u128::from(t - admitted[i].0);
-                let budget = u128::from(self.capacity) * NANOS * self.den + span * self.num;
-                if sum * NANOS * self.den > budget {
-                    return false;
-                }
+        // Everything times 1e9 * den, so that rate * t is t * num.
+        let scale = (NANOS * self.den) as i128;
+        let capacity = i128::from(self.capacity as i64) * scale;
+        let mut before: i128 = 0; // S_{i-1} * scale
+        let mut least = i128::MAX;
+        let mut last = 0;
+        for &(t, cost) in admitted {
+            assert!(t >= last, "within_budget needs calls in time order");
+            last = t;
+            let refill = i128::from(t as i64) * self.num as i128;
+            least = least.min(before - refill);
+            before += i128::from(cost as i64) * scale;
+            if before - refill - least > capacity {
+                return false;
             }
         }
         true
