@@ -10,6 +10,7 @@ use crate::time::{Clock, MonotonicClock};
 use crossbeam_utils::CachePadded;
 use std::hash::{BuildHasher, Hash};
 
+/// # Constructors for `String` keys
 impl TokenBucketLimiter<String, DefaultHasher> {
     /// Makes a limiter for `String` keys: `capacity` tokens per key,
     /// refilled at `rate` tokens per second.
@@ -58,6 +59,7 @@ impl TokenBucketLimiter<String, DefaultHasher> {
     }
 }
 
+/// # Constructors for any key type
 impl<K: Hash + Eq + 'static> TokenBucketLimiter<K, DefaultHasher> {
     /// Makes a limiter for any key type, such as `u64` tenant ids.
     ///
@@ -75,6 +77,7 @@ impl<K: Hash + Eq + 'static> TokenBucketLimiter<K, DefaultHasher> {
     }
 }
 
+/// # Constructors with a hasher, and settings
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Makes a limiter for any key type with a hasher of your choice.
     ///
@@ -97,7 +100,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         TokenBucketLimiter {
             quota,
             buckets: Map::with_hasher(hasher.clone()),
-            shared: Map::with_hasher(hasher),
+            moved: Map::with_hasher(hasher),
             occupancy: Occupancy::new(),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
@@ -186,7 +189,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// With it on, a key that makes up more than a third of one thread's
     /// calls (counted with two Misra-Gries counters; 64 net votes win) is
     /// cached by that thread: its bucket
-    /// moves to a shared `Arc`, as for a [`BucketHandle`], and the thread's
+    /// moves to an `Arc`, as for a [`BucketHandle`], and the thread's
     /// later calls on that key compare the key with the cached one and spend
     /// with no map lookup. A key hammered from several threads then costs no
     /// shared write per denial, where a map lookup writes the shard's lock
@@ -211,7 +214,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.hot.set_on(on);
         self
     }
+}
 
+/// # What the limiter reports about itself
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// The limiter's clock reading, in seconds, as the `*_now` methods use it.
     #[must_use]
     pub fn now(&self) -> f64 {

@@ -1,60 +1,60 @@
-//! The keyed calls: spend or read a key's bucket at a timestamp or at the
-//! limiter's clock reading.
+//! The calls on a bucket, written once: the core that both front ends (keyed
+//! calls on [`TokenBucketLimiter`] and a [`BucketHandle`](super::BucketHandle))
+//! delegate to, and the keyed front end.
 
 use super::TokenBucketLimiter;
-use crate::bucket::{RETIRED, SHARED};
+use crate::bucket::{MOVED, RETIRED};
 use crate::error::Denial;
-use crate::gcra;
-use crate::time::{nanos_from_duration, nanos_from_secs};
+use crate::gcra::{self, Quota};
+use crate::time::{nanos_from_duration, nanos_from_secs as secs, Clock};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
+/// The clock's reading in validated nanoseconds; `None` beyond
+/// [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
+pub(super) fn clock_nanos(clock: &dyn Clock) -> Option<u64> {
+    nanos_from_duration(clock.now())
+}
+
+/// `allow*`: whether `charge` admits the call at `now` (`None`: an invalid
+/// timestamp, denied).
+#[inline]
+pub(super) fn allow_at(now: Option<u64>, charge: impl FnOnce(u64) -> Result<u64, Denial>) -> bool {
+    now.is_some_and(|now| charge(now).is_ok())
+}
+
+/// `check*`: `charge` at `now`, then the whole tokens left.
+#[inline]
+pub(super) fn check_at(
+    now: Option<u64>,
+    quota: &Quota,
+    charge: impl FnOnce(u64) -> Result<u64, Denial>,
+) -> Result<u64, Denial> {
+    let now = now.ok_or(Denial::InvalidTimestamp)?;
+    let word = charge(now)?;
+    Ok(gcra::tokens_at(word, now, quota))
+}
+
+/// `remaining*`: the whole tokens a bucket whose word is `word()` holds at
+/// `now`.
+pub(super) fn remaining_at(
+    now: Option<u64>,
+    quota: &Quota,
+    word: impl FnOnce() -> u64,
+) -> Option<u64> {
+    let now = now?;
+    match word() {
+        // Retired buckets are full by construction.
+        RETIRED => Some(quota.capacity()),
+        word => Some(gcra::tokens_at(word, now, quota)),
+    }
+}
+
+/// # Keyed calls at a caller's timestamp
+///
+/// Timestamps are `f64` seconds (see [`TokenBucketLimiter`]); every
+/// method here is one line over the core above and the map path.
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// [`allow`](Self::allow) at the limiter's clock reading.
-    #[must_use]
-    pub fn allow_now<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.allow_n_now(key, 1)
-    }
-
-    /// [`allow_n`](Self::allow_n) at the limiter's clock reading.
-    #[must_use]
-    pub fn allow_n_now<Q>(&self, key: &Q, cost: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.check_now(key, cost).is_ok()
-    }
-
-    /// [`check`](Self::check) at the limiter's clock reading.
-    ///
-    /// # Errors
-    ///
-    /// As [`check`](Self::check); [`Denial::InvalidTimestamp`] only if the
-    /// clock reads beyond [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
-    pub fn check_now<Q>(&self, key: &Q, cost: u64) -> Result<u64, Denial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let now = nanos_from_duration(self.clock.now()).ok_or(Denial::InvalidTimestamp)?;
-        self.check_nanos(key, now, cost)
-    }
-
-    /// [`remaining`](Self::remaining) at the limiter's clock reading.
-    #[must_use]
-    pub fn remaining_now<Q>(&self, key: &Q) -> Option<u64>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.remaining_nanos(key, nanos_from_duration(self.clock.now())?)
-    }
-
     /// Spends one token from `key`'s bucket at `timestamp` (seconds), if it
     /// holds one. Returns whether the call is admitted.
     ///
@@ -104,10 +104,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match nanos_from_secs(timestamp) {
-            Some(now) => self.spend(key, now, cost).is_ok(),
-            None => false,
-        }
+        allow_at(secs(timestamp), |now| self.charge(key, now, cost))
     }
 
     /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
@@ -141,17 +138,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let now = nanos_from_secs(timestamp).ok_or(Denial::InvalidTimestamp)?;
-        self.check_nanos(key, now, cost)
-    }
-
-    fn check_nanos<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let word = self.spend(key, now, cost)?;
-        Ok(gcra::tokens_at(word, now, &self.quota))
+        check_at(secs(timestamp), &self.quota, |now| {
+            self.charge(key, now, cost)
+        })
     }
 
     /// The whole tokens `key` holds at `timestamp`, without spending any
@@ -176,26 +165,71 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.remaining_nanos(key, nanos_from_secs(timestamp)?)
+        remaining_at(secs(timestamp), &self.quota, || self.word(key))
     }
 
-    fn remaining_nanos<Q>(&self, key: &Q, now: u64) -> Option<u64>
+    /// The word of `key`'s bucket, wherever it lives; 0 (full) for a key
+    /// without one.
+    fn word<Q>(&self, key: &Q) -> u64
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let word = self
-            .buckets
+        self.buckets
             .read(key, |bucket| match bucket.word() {
-                SHARED => self.shared.read(key, |shared| shared.bucket.word()),
+                MOVED => self.moved.read(key, |moved| moved.bucket.word()),
                 word => Some(word),
             })
             .flatten()
-            .unwrap_or(0);
-        if word == RETIRED {
-            // Retired buckets are full by construction.
-            return Some(self.quota.capacity());
-        }
-        Some(gcra::tokens_at(word, now, &self.quota))
+            .unwrap_or(0)
+    }
+}
+
+/// # Keyed calls at the limiter's clock reading
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// [`allow`](Self::allow) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_now<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.allow_n_now(key, 1)
+    }
+
+    /// [`allow_n`](Self::allow_n) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_n_now<Q>(&self, key: &Q, cost: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        allow_at(clock_nanos(&*self.clock), |now| self.charge(key, now, cost))
+    }
+
+    /// [`check`](Self::check) at the limiter's clock reading.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check); [`Denial::InvalidTimestamp`] only if the
+    /// clock reads beyond [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
+    pub fn check_now<Q>(&self, key: &Q, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        check_at(clock_nanos(&*self.clock), &self.quota, |now| {
+            self.charge(key, now, cost)
+        })
+    }
+
+    /// [`remaining`](Self::remaining) at the limiter's clock reading.
+    #[must_use]
+    pub fn remaining_now<Q>(&self, key: &Q) -> Option<u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        remaining_at(clock_nanos(&*self.clock), &self.quota, || self.word(key))
     }
 }

@@ -8,24 +8,23 @@ use crate::gcra;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
+/// # The map path: charging a key, and creating its bucket
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// Spends from `key`'s bucket at `now` (validated nanoseconds).
-    pub(super) fn spend<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
+    /// Charges `cost` to `key` at `now` (validated nanoseconds): spends
+    /// it from the key's bucket, wherever that bucket lives. Returns the
+    /// bucket's new word.
+    pub(super) fn charge<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // Fastest path: the key is hot in this thread, and its shared
-        // bucket is cached here (see `hot`). A shared bucket never moves
+        // Fastest path: the key is hot in this thread, and its moved
+        // bucket is cached here (see `hot`). A moved bucket never moves
         // again, but a sweep may retire it; the cache then forgets it and
         // the call goes to the map.
-        let cached =
-            self.hot
-                .with::<K, Q, _>(key, |bucket| match bucket.spend(now, cost, &self.quota) {
-                    Ok(word) => Some(Ok(word)),
-                    Err(SpendError::Denied(denial)) => Some(Err(denial)),
-                    Err(SpendError::Retired | SpendError::Shared) => None,
-                });
+        let cached = self.hot.with::<K, Q, _>(key, |bucket| {
+            SpendError::decision(bucket.spend(now, cost, &self.quota))
+        });
         if let Some(decided) = cached {
             return decided;
         }
@@ -34,14 +33,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // while the word is updated in place, and released before any
             // other call on the map.
             let fast = self.buckets.update(key, |bucket| {
-                let spent = match bucket.spend_exclusive(now, cost, &self.quota) {
+                let spent = match bucket.spend_locked(now, cost, &self.quota) {
                     // The bucket moved to a handle's `Arc` (lock order:
-                    // this shard, then `shared`). A `SHARED` word always has
-                    // its `shared` entry: both change under this shard's
+                    // this shard, then `moved`). A `MOVED` word always has
+                    // its `moved` entry: both change under this shard's
                     // write lock.
-                    Err(SpendError::Shared) => self
-                        .shared
-                        .read(key, |shared| shared.bucket.spend(now, cost, &self.quota))
+                    Err(SpendError::Moved) => self
+                        .moved
+                        .read(key, |moved| moved.bucket.spend(now, cost, &self.quota))
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
                 };
@@ -53,11 +52,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 if matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(found) {
                     self.promote(key);
                 }
-                match spent {
-                    Ok(word) => return Ok(word),
-                    Err(SpendError::Denied(denial)) => return Err(denial),
-                    // Retired by a sweep, or moved under us: no live bucket.
-                    Err(SpendError::Retired | SpendError::Shared) => {}
+                // `None`: retired by a sweep, or moved under us; no live
+                // bucket.
+                if let Some(decided) = SpendError::decision(spent) {
+                    return decided;
                 }
             }
             if let Some(result) = self.create_or_retry(key, now, cost) {
@@ -66,7 +64,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
-    /// The slow path of `spend`: the key has no live bucket. Creates one
+    /// The slow path of `charge`: the key has no live bucket. Creates one
     /// and spends from it, or returns `None` when the key must be looked up
     /// again.
     fn create_or_retry<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, Denial>>
@@ -81,14 +79,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             Ok(_) => {}
             Err(denial) => return Some(Err(denial)),
         }
-        // Slow path: first call for this key.
-        match self.create(key, now, cost) {
-            Ok(word) => Some(Ok(word)),
-            Err(SpendError::Denied(denial)) => Some(Err(denial)),
-            // Moved to a handle under us (or retired, which the shard
-            // lock rules out): look the key up again.
-            Err(SpendError::Retired | SpendError::Shared) => None,
-        }
+        // Slow path: first call for this key. `None`: moved to a handle
+        // under us (or retired, which the shard lock rules out); look the
+        // key up again.
+        SpendError::decision(self.create(key, now, cost))
     }
 
     /// Creates `key`'s bucket (unless another thread just did) and spends
@@ -109,7 +103,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             key,
             || occupancy.reserve().then(Bucket::new),
-            |bucket| bucket.spend_exclusive(now, cost, &self.quota),
+            |bucket| bucket.spend_locked(now, cost, &self.quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
             max_buckets: occupancy.max_buckets,

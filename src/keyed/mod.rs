@@ -4,7 +4,7 @@ mod build;
 mod calls;
 mod handle;
 mod map_path;
-mod sharing;
+mod moved;
 mod sweep;
 
 use crate::bucket::Bucket;
@@ -13,7 +13,7 @@ use crate::hot::HotKeys;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
-use sharing::Shared;
+use moved::Moved;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use sweep::Occupancy;
@@ -71,12 +71,12 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     quota: Quota,
     /// Each key's bucket, inline: one word per entry. An entry whose word is
-    /// `SHARED` has moved its bucket to `shared`.
+    /// `MOVED` has moved its bucket to `moved`.
     buckets: Map<K, Bucket, S>,
     /// The buckets of keys that have had a [`BucketHandle`], behind an
     /// `Arc` the handles share. Lock order: an entry's shard in `buckets`
-    /// first, then `shared`, everywhere.
-    shared: Map<K, Shared, S>,
+    /// first, then `moved`, everywhere.
+    moved: Map<K, Moved, S>,
     /// Bucket accounting for the cap and the automatic sweep.
     occupancy: Occupancy,
     /// This limiter's buckets in the per-thread hot-key caches.

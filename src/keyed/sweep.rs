@@ -2,12 +2,13 @@
 //! automatic sweep.
 
 use super::TokenBucketLimiter;
-use crate::bucket::SHARED;
+use crate::bucket::MOVED;
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::time::{nanos_from_duration, nanos_from_secs};
 use crossbeam_utils::CachePadded;
 use std::hash::{BuildHasher, Hash};
 
+/// # Housekeeping: eviction and memory
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Removes every bucket that is full at `timestamp` and has no live
     /// [`BucketHandle`]; returns how many were removed.
@@ -53,14 +54,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let mut removed = 0;
         self.buckets.retain(|key, bucket| {
             let evict = match bucket.word() {
-                // Lock order: this shard (held by `retain`), then `shared`.
+                // Lock order: this shard (held by `retain`), then `moved`.
                 // A live handle keeps its bucket. The count cannot rise
                 // meanwhile: new handles are made under this shard's lock,
                 // and a handle is cloned only from a live one. Hot-key
                 // caches hold the bucket but not the pin: retiring it sends
                 // their next call back to the map, exactly as a keyed call.
-                SHARED => self.shared.remove_if(key, |shared| {
-                    Arc::strong_count(&shared.pin) == 1 && shared.bucket.try_retire(now)
+                MOVED => self.moved.remove_if(key, |moved| {
+                    Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(now)
                 }),
                 _ => bucket.try_retire(now),
             };
@@ -74,7 +75,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Releases memory the map no longer needs after a sweep.
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
-        self.shared.shrink_to_fit();
+        self.moved.shrink_to_fit();
     }
 }
 

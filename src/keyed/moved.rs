@@ -1,16 +1,16 @@
-//! Moving a bucket out of its map entry to an `Arc` shared with handles
-//! and hot-key caches.
+//! Moving a bucket out of its map entry into an `Arc` that handles and
+//! hot-key caches hold.
 
 use super::{BucketHandle, TokenBucketLimiter};
-use crate::bucket::{Bucket, SHARED};
+use crate::bucket::{Bucket, MOVED};
 use crate::sync::Arc;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-/// A bucket moved out of its map entry to be shared (see
+/// A bucket moved out of its map entry into an `Arc` (see
 /// [`TokenBucketLimiter::bucket`]).
 #[derive(Clone)]
-pub(super) struct Shared {
+pub(super) struct Moved {
     pub(super) bucket: Arc<Bucket>,
     /// Held by every [`BucketHandle`] on this bucket, and by the entry: a
     /// count above 1 keeps the bucket from being evicted. Hot-key caches
@@ -18,9 +18,10 @@ pub(super) struct Shared {
     pub(super) pin: Arc<()>,
 }
 
+/// # Moving buckets into an `Arc`: hot-key promotion and handles
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Caches `key`'s bucket in the calling thread's hot-key cache, moving
-    /// it to a shared `Arc` first if it is still inline. Does nothing if
+    /// it to an `Arc` first if it is still inline. Does nothing if
     /// the key has no bucket any more.
     #[cold]
     pub(super) fn promote<Q>(&self, key: &Q)
@@ -28,38 +29,38 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let shared = self
+        let moved = self
             .buckets
-            .try_write(key, || None, |bucket| self.share(key, bucket));
-        if let Some(shared) = shared {
+            .try_write(key, || None, |bucket| self.move_to_arc(key, bucket));
+        if let Some(moved) = moved {
             // The cache holds the bucket, not the pin: a sweep may retire it.
-            self.hot.insert(key.to_owned(), shared.bucket);
+            self.hot.insert(key.to_owned(), moved.bucket);
         }
     }
 
     /// Moves the bucket of `key`'s entry (held under its shard's write
-    /// lock) to `shared`, if it is not there yet; returns a clone of the
-    /// shared entry.
-    fn share<Q>(&self, key: &Q, bucket: &mut Bucket) -> Shared
+    /// lock) to `moved`, if it is not there yet; returns a clone of the
+    /// `moved` entry.
+    fn move_to_arc<Q>(&self, key: &Q, bucket: &mut Bucket) -> Moved
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // Under the shard's write lock no spend is in flight on the inline
         // word, so moving its value out loses nothing; later keyed calls
-        // see `SHARED` and follow it to the `Arc`.
+        // see `MOVED` and follow it to the `Arc`.
         let moved = match bucket.word() {
-            SHARED => 0, // already shared: `init` below does not run
+            MOVED => 0, // already moved: `init` below does not run
             _ => bucket.move_out(),
         };
-        // Lock order: this shard, then `shared`.
-        self.shared.write(
+        // Lock order: this shard, then `moved`.
+        self.moved.write(
             key,
-            || Shared {
+            || Moved {
                 bucket: Arc::new(Bucket::with_word(moved)),
                 pin: Arc::new(()),
             },
-            |shared| shared.clone(),
+            |moved| moved.clone(),
         )
     }
 
@@ -100,9 +101,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             inserted = true;
             Bucket::new()
         };
-        let Shared { bucket, pin } = self
+        let Moved { bucket, pin } = self
             .buckets
-            .write(key, init, |bucket| self.share(key, bucket));
+            .write(key, init, |bucket| self.move_to_arc(key, bucket));
         if inserted {
             self.occupancy.add(1);
         }
