@@ -1,5 +1,5 @@
 //! One bucket: a single atomic word, its compare-and-swap loop for buckets
-//! shared through an `Arc`, and a plain update for a map entry held under
+//! moved into an `Arc`, and a plain update for a map entry held under
 //! its shard's write lock.
 
 use crate::error::Denial;
@@ -13,10 +13,10 @@ use crate::sync::{AtomicU64, Ordering};
 /// live values.
 pub(crate) const RETIRED: u64 = u64::MAX;
 
-/// The word of a map entry whose bucket has moved to a shared `Arc` (see
-/// `keyed::TokenBucketLimiter::bucket`): spends go to the shared bucket.
+/// The word of a map entry whose bucket has moved to an `Arc` (see
+/// `keyed::TokenBucketLimiter::bucket`): spends go to the moved bucket.
 /// Set under the map shard's write lock, and final.
-pub(crate) const SHARED: u64 = u64::MAX - 1;
+pub(crate) const MOVED: u64 = u64::MAX - 1;
 
 /// Why a spend did not happen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +26,23 @@ pub(crate) enum SpendError {
     /// The bucket was retired (evicted) before this spend could land: the
     /// caller must look the key up again.
     Retired,
-    /// The bucket now lives in a shared `Arc`: the caller must spend there.
-    Shared,
+    /// The bucket now lives in an `Arc`: the caller must spend there.
+    Moved,
+}
+
+impl SpendError {
+    /// What a caller makes of a spend's outcome: the new word, a denial, or
+    /// `None` when the bucket was retired or moved, and the key must be
+    /// looked up again. The one place that maps a `SpendError` to a
+    /// [`Denial`].
+    #[inline]
+    pub(crate) fn decision(spent: Result<u64, SpendError>) -> Option<Result<u64, Denial>> {
+        match spent {
+            Ok(word) => Some(Ok(word)),
+            Err(SpendError::Denied(denial)) => Some(Err(denial)),
+            Err(SpendError::Retired | SpendError::Moved) => None,
+        }
+    }
 }
 
 /// The word a spend of `cost` at `now` would leave in place of `current`,
@@ -36,7 +51,7 @@ pub(crate) enum SpendError {
 fn next_word(current: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
     match current {
         RETIRED => Err(SpendError::Retired),
-        SHARED => Err(SpendError::Shared),
+        MOVED => Err(SpendError::Moved),
         _ => gcra::decide(current, now, cost, quota).map_err(SpendError::Denied),
     }
 }
@@ -47,7 +62,7 @@ pub(crate) struct Bucket {
     /// `full_at`: the instant, in nanoseconds of the caller's timeline, at
     /// which this bucket holds `capacity` tokens again (see `gcra`). Values
     /// `0..=2^64 - 3` are live and only ever grow; [`RETIRED`] marks a
-    /// bucket that eviction has taken out of its map and [`SHARED`] an
+    /// bucket that eviction has taken out of its map and [`MOVED`] an
     /// entry whose bucket moved to an `Arc`; both are final.
     full_at: AtomicU64,
 }
@@ -103,7 +118,7 @@ impl Bucket {
     /// meanwhile, so a plain load and store decide exactly, with no
     /// compare-and-swap.
     #[inline]
-    pub(crate) fn spend_exclusive(
+    pub(crate) fn spend_locked(
         &mut self,
         now: u64,
         cost: u64,
@@ -121,14 +136,14 @@ impl Bucket {
     }
 
     /// Moves this entry's bucket out: returns its word and leaves
-    /// [`SHARED`] in its place.
+    /// [`MOVED`] in its place.
     ///
     /// Only called under the map shard's write lock, so no spend on this
     /// word is in flight and none can start until the lock is released.
     pub(crate) fn move_out(&self) -> u64 {
         // Relaxed: the shard lock's release orders this store before any
         // later reader of the entry; `swap` returns the value moved.
-        self.full_at.swap(SHARED, Ordering::Relaxed)
+        self.full_at.swap(MOVED, Ordering::Relaxed)
     }
 
     /// The current word (possibly a marker).
@@ -142,7 +157,7 @@ impl Bucket {
     ///
     /// After a `true` return every later [`spend`](Self::spend) on this
     /// bucket fails with [`SpendError::Retired`], so a spend racing with
-    /// eviction (on a shared bucket; a map entry's spends hold the same
+    /// eviction (on a moved bucket; a map entry's spends hold the same
     /// shard lock as the sweep) either lands before the retirement (and the
     /// bucket is then not full, so it is kept) or is sent back to the map.
     /// No admitted spend is ever swallowed.

@@ -9,14 +9,14 @@
 //! its lookups keep finding (Misra-Gries counters, two per thread: a key
 //! that makes up more than a third of a thread's calls keeps gaining
 //! votes), and once one bucket has won 64 net votes, the limiter moves it
-//! to a shared `Arc`, exactly
+//! to an `Arc`, exactly
 //! as for a [`BucketHandle`](crate::BucketHandle), and the thread keeps a
 //! clone with the key. Later calls on that key compare the key with the
 //! cached one and spend on the `Arc` directly: a denial then writes nothing
 //! shared, and an admission writes only the bucket's own word.
 //!
 //! Decisions do not change: a cached `Arc` is the very bucket the map's
-//! entry points to (its word says `SHARED`), so every path spends on one
+//! entry points to (its word says `MOVED`), so every path spends on one
 //! word. Unlike a handle, a cache does not pin the bucket: a sweep may
 //! retire it once it is full, and the thread's next call on the key then
 //! finds it retired, drops the entry and goes to the map. Each thread caches
@@ -193,7 +193,7 @@ mod imp {
                 .unwrap_or(false)
         }
 
-        /// Caches `key`'s shared bucket in the calling thread, in a free
+        /// Caches `key`'s moved bucket in the calling thread, in a free
         /// slot or the coldest one.
         pub(crate) fn insert<K: 'static>(&self, key: K, bucket: Arc<Bucket>) {
             let entry = Entry {

@@ -33,8 +33,8 @@ pub enum SpendError {
     Denied(Denial),
     /// The bucket was retired before the spend could land.
     Retired,
-    /// The entry's bucket moved to a handle's shared `Arc`.
-    Shared,
+    /// The entry's bucket moved to a handle's `Arc`.
+    Moved,
 }
 
 /// The real bucket (its atomic word is a loom atomic under `cfg(loom)`).
@@ -57,7 +57,7 @@ impl Bucket {
         self.0.spend(now, cost, quota).map_err(|err| match err {
             bucket::SpendError::Denied(denial) => SpendError::Denied(denial),
             bucket::SpendError::Retired => SpendError::Retired,
-            bucket::SpendError::Shared => SpendError::Shared,
+            bucket::SpendError::Moved => SpendError::Moved,
         })
     }
 

@@ -1,0 +1,254 @@
+//! Making and configuring a limiter, and what it reports about itself.
+
+use super::{DefaultHasher, Occupancy, TokenBucketLimiter};
+use crate::error::ConfigError;
+use crate::gcra::Quota;
+use crate::hot::HotKeys;
+use crate::store::Map;
+use crate::sync::AtomicUsize;
+use crate::time::{Clock, MonotonicClock};
+use crossbeam_utils::CachePadded;
+use std::hash::{BuildHasher, Hash};
+
+/// # Constructors for `String` keys
+impl TokenBucketLimiter<String, DefaultHasher> {
+    /// Makes a limiter for `String` keys: `capacity` tokens per key,
+    /// refilled at `rate` tokens per second.
+    ///
+    /// # Panics
+    ///
+    /// Panics with the [`ConfigError`]'s message when the configuration is
+    /// invalid; see [`try_new`](Self::try_new) for what is accepted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(10.0, 20);
+    /// assert!(limiter.allow("sk_live_0123", 0.0));
+    /// ```
+    #[must_use]
+    pub fn new(rate: f64, capacity: u64) -> Self {
+        match Self::try_new(rate, capacity) {
+            Ok(limiter) => limiter,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Makes a limiter for `String` keys, or says why the configuration is
+    /// invalid.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when `rate` is NaN, infinite or not above zero, when
+    /// it is outside about `1.1e-10..=1e9` tokens per second, when
+    /// `capacity` is zero, or when `capacity / rate` exceeds about 292 years.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ConfigError, TokenBucketLimiter};
+    ///
+    /// let err = TokenBucketLimiter::try_new(f64::NAN, 3).unwrap_err();
+    /// assert!(matches!(err, ConfigError::RateNotPositive { .. }));
+    /// assert!(err.to_string().contains("greater than zero"));
+    /// ```
+    pub fn try_new(rate: f64, capacity: u64) -> Result<Self, ConfigError> {
+        Ok(Self::with_quota(Quota::new(rate, capacity)?))
+    }
+}
+
+/// # Constructors for any key type
+impl<K: Hash + Eq + 'static> TokenBucketLimiter<K, DefaultHasher> {
+    /// Makes a limiter for any key type, such as `u64` tenant ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::<u64>::with_quota(Quota::new(5.0, 2).unwrap());
+    /// assert!(limiter.allow(&42, 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_quota(quota: Quota) -> Self {
+        Self::with_quota_and_hasher(quota, DefaultHasher::default())
+    }
+}
+
+/// # Constructors with a hasher, and settings
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Makes a limiter for any key type with a hasher of your choice.
+    ///
+    /// Keys usually come from the network: prefer a seeded, HashDoS-resistant
+    /// hasher.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    /// use std::collections::hash_map::RandomState;
+    ///
+    /// let quota = Quota::new(1.0, 1).unwrap();
+    /// let limiter: TokenBucketLimiter<String, RandomState> =
+    ///     TokenBucketLimiter::with_quota_and_hasher(quota, RandomState::new());
+    /// assert!(limiter.allow("k", 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
+        TokenBucketLimiter {
+            quota,
+            buckets: Map::with_hasher(hasher.clone()),
+            moved: Map::with_hasher(hasher),
+            occupancy: Occupancy::new(),
+            hot: HotKeys::new(),
+            clock: std::sync::Arc::new(MonotonicClock::new()),
+        }
+    }
+
+    /// Replaces the clock read by the `*_now` methods (by default a
+    /// [`MonotonicClock`] started when the limiter was made).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ManualClock, TokenBucketLimiter};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let limiter = TokenBucketLimiter::new(1.0, 1).with_clock(clock.clone());
+    /// assert!(limiter.allow_now("k"));
+    /// assert!(!limiter.allow_now("k"));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert!(limiter.allow_now("k"));
+    /// ```
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// Caps the number of buckets held at `max_buckets`.
+    ///
+    /// When the cap is reached and an automatic sweep frees nothing, a call
+    /// for a key without a bucket is denied with [`Denial::LimiterFull`]
+    /// (fail closed), while keys that already have a bucket keep working
+    /// exactly as before. Memory then stays bounded whatever keys arrive.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Denial, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 2).with_max_buckets(1);
+    /// assert!(limiter.allow("a", 0.0));
+    /// assert_eq!(limiter.check("b", 0.0, 1), Err(Denial::LimiterFull { max_buckets: 1 }));
+    /// assert!(limiter.allow("a", 0.0));
+    /// ```
+    #[must_use]
+    pub fn with_max_buckets(mut self, max_buckets: usize) -> Self {
+        self.occupancy.max_buckets = max_buckets;
+        // Buckets made before the cap count toward it.
+        self.occupancy.held = CachePadded::new(AtomicUsize::new(self.buckets.len()));
+        self
+    }
+
+    /// Turns the automatic sweep on (the default) or off.
+    ///
+    /// With it on, creating buckets now and then sweeps the whole map at
+    /// the creating call's timestamp (see [`sweep`](Self::sweep)): a sweep
+    /// runs once the calls that tried to create a bucket since the last
+    /// sweep reach the number of buckets that sweep left (at least
+    /// 1024). Each sweep is one pass over the map, paid for by that many
+    /// creations, so the cost per created bucket is amortised O(1) (one
+    /// bucket visited per creation, on average), and the buckets held stay
+    /// below twice the keys active within the last
+    /// [`refill_time`](Quota::refill_time) (or 2048). The call that
+    /// triggers a sweep pays for the whole pass.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1).with_auto_sweep(false);
+    /// for i in 0..5000 {
+    ///     assert!(limiter.allow(&format!("k{i}"), f64::from(i)));
+    /// }
+    /// assert_eq!(limiter.len(), 5000);
+    /// ```
+    #[must_use]
+    pub fn with_auto_sweep(mut self, on: bool) -> Self {
+        self.occupancy.auto_sweep = on;
+        self
+    }
+
+    /// Turns the per-thread hot-key cache on (the default) or off.
+    ///
+    /// With it on, a key that makes up more than a third of one thread's
+    /// calls (counted with two Misra-Gries counters; 64 net votes win) is
+    /// cached by that thread: its bucket
+    /// moves to an `Arc`, as for a [`BucketHandle`], and the thread's
+    /// later calls on that key compare the key with the cached one and spend
+    /// with no map lookup. A key hammered from several threads then costs no
+    /// shared write per denial, where a map lookup writes the shard's lock
+    /// word. Decisions are the same either way, and a cached bucket is swept
+    /// like any other (the cache forgets it on its next call). Each thread
+    /// caches at most two keys over all limiters, holding a copy of each;
+    /// the copies are dropped when the thread exits or caches other keys.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1000).with_hot_key_cache(false);
+    /// for _ in 0..500 {
+    ///     assert!(limiter.allow("k", 0.0));
+    /// }
+    /// assert_eq!(limiter.remaining("k", 0.0), Some(500));
+    /// ```
+    #[must_use]
+    pub fn with_hot_key_cache(mut self, on: bool) -> Self {
+        self.hot.set_on(on);
+        self
+    }
+}
+
+/// # What the limiter reports about itself
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// The limiter's clock reading, in seconds, as the `*_now` methods use it.
+    #[must_use]
+    pub fn now(&self) -> f64 {
+        self.clock.now().as_secs_f64()
+    }
+    /// The quota every key's bucket follows.
+    #[must_use]
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The number of buckets held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// assert!(limiter.is_empty());
+    /// let _ = limiter.allow("a", 0.0);
+    /// assert_eq!(limiter.len(), 1);
+    /// ```
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Whether no bucket is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.buckets.len() == 0
+    }
+}

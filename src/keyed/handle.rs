@@ -1,0 +1,161 @@
+//! `BucketHandle`: one key's bucket held by a long-lived caller; the handle
+//! front end over the core in `calls`.
+
+use super::calls::{allow_at, check_at, clock_nanos, remaining_at};
+use crate::bucket::{Bucket, SpendError};
+use crate::error::Denial;
+use crate::gcra::Quota;
+use crate::sync::Arc;
+use crate::time::{nanos_from_secs as secs, Clock};
+
+/// One key's bucket, held by a long-lived caller such as a connection.
+///
+/// Made by [`TokenBucketLimiter::bucket`](crate::TokenBucketLimiter::bucket).
+/// Cloning a handle shares the same bucket.
+#[derive(Debug, Clone)]
+pub struct BucketHandle {
+    pub(super) quota: Quota,
+    pub(super) bucket: Arc<Bucket>,
+    /// Keeps the bucket from being evicted while any handle on it lives
+    /// (see `Moved::pin`).
+    pub(super) _pin: Arc<()>,
+    /// The limiter's clock, for the `*_now` methods.
+    pub(super) clock: std::sync::Arc<dyn Clock>,
+}
+
+/// # Calls at a caller's timestamp
+impl BucketHandle {
+    /// Spends one token at `timestamp` if the bucket holds one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let handle = limiter.bucket("k");
+    /// assert!(handle.allow(0.0));
+    /// assert!(!handle.allow(0.0));
+    /// ```
+    #[must_use]
+    pub fn allow(&self, timestamp: f64) -> bool {
+        self.allow_n(timestamp, 1)
+    }
+
+    /// Spends `cost` tokens at `timestamp` if the bucket holds that many.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert!(handle.allow_n(0.0, 3));
+    /// assert!(!handle.allow_n(0.0, 1));
+    /// ```
+    #[must_use]
+    pub fn allow_n(&self, timestamp: f64, cost: u64) -> bool {
+        allow_at(secs(timestamp), |now| self.charge(now, cost))
+    }
+
+    /// Spends `cost` tokens at `timestamp`, or says why not; on success
+    /// returns the whole tokens left.
+    ///
+    /// # Errors
+    ///
+    /// The same [`Denial`]s as
+    /// [`TokenBucketLimiter::check`](crate::TokenBucketLimiter::check).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.check(0.0, 1), Ok(2));
+    /// ```
+    pub fn check(&self, timestamp: f64, cost: u64) -> Result<u64, Denial> {
+        check_at(secs(timestamp), &self.quota, |now| self.charge(now, cost))
+    }
+
+    /// The whole tokens the bucket holds at `timestamp`, without spending;
+    /// `None` for an invalid timestamp.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.remaining(0.0), Some(3));
+    /// ```
+    #[must_use]
+    pub fn remaining(&self, timestamp: f64) -> Option<u64> {
+        remaining_at(secs(timestamp), &self.quota, || self.bucket.word())
+    }
+
+    /// Spends `cost` at `now` (validated nanoseconds) on the bucket.
+    fn charge(&self, now: u64, cost: u64) -> Result<u64, Denial> {
+        // `None` is unreachable: eviction never retires a bucket that a live
+        // handle pins (see `sweep`), and a moved bucket never moves again.
+        // Fail closed rather than panic.
+        SpendError::decision(self.bucket.spend(now, cost, &self.quota))
+            .unwrap_or(Err(Denial::InvalidTimestamp))
+    }
+}
+
+/// # Calls at the limiter's clock reading
+impl BucketHandle {
+    /// [`allow`](Self::allow) at the limiter's clock reading.
+    #[must_use]
+    pub fn allow_now(&self) -> bool {
+        self.allow_n_now(1)
+    }
+
+    /// [`allow_n`](Self::allow_n) at the limiter's clock reading.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ManualClock, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3).with_clock(ManualClock::new());
+    /// let handle = limiter.bucket("k");
+    /// assert!(handle.allow_n_now(3));
+    /// assert!(!handle.allow_n_now(1));
+    /// ```
+    #[must_use]
+    pub fn allow_n_now(&self, cost: u64) -> bool {
+        allow_at(clock_nanos(&*self.clock), |now| self.charge(now, cost))
+    }
+
+    /// [`check`](Self::check) at the limiter's clock reading.
+    ///
+    /// # Errors
+    ///
+    /// As [`check`](Self::check).
+    pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
+        check_at(clock_nanos(&*self.clock), &self.quota, |now| {
+            self.charge(now, cost)
+        })
+    }
+
+    /// [`remaining`](Self::remaining) at the limiter's clock reading.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{ManualClock, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3).with_clock(ManualClock::new());
+    /// let handle = limiter.bucket("k");
+    /// assert!(handle.allow_now());
+    /// assert_eq!(handle.remaining_now(), Some(2));
+    /// ```
+    #[must_use]
+    pub fn remaining_now(&self) -> Option<u64> {
+        remaining_at(clock_nanos(&*self.clock), &self.quota, || {
+            self.bucket.word()
+        })
+    }
+}

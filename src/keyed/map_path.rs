@@ -1,0 +1,112 @@
+//! The map path: a keyed spend through the hot-key cache, the map entry,
+//! or a new bucket.
+
+use super::TokenBucketLimiter;
+use crate::bucket::{Bucket, SpendError};
+use crate::error::Denial;
+use crate::gcra;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+/// # The map path: charging a key, and creating its bucket
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Charges `cost` to `key` at `now` (validated nanoseconds): spends
+    /// it from the key's bucket, wherever that bucket lives. Returns the
+    /// bucket's new word.
+    pub(super) fn charge<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Fastest path: the key is hot in this thread, and its moved
+        // bucket is cached here (see `hot`). A moved bucket never moves
+        // again, but a sweep may retire it; the cache then forgets it and
+        // the call goes to the map.
+        let cached = self.hot.with::<K, Q, _>(key, |bucket| {
+            SpendError::decision(bucket.spend(now, cost, &self.quota))
+        });
+        if let Some(decided) = cached {
+            return decided;
+        }
+        loop {
+            // Fast path: the key exists. Its shard's write lock is held
+            // while the word is updated in place, and released before any
+            // other call on the map.
+            let fast = self.buckets.update(key, |bucket| {
+                let spent = match bucket.spend_locked(now, cost, &self.quota) {
+                    // The bucket moved to a handle's `Arc` (lock order:
+                    // this shard, then `moved`). A `MOVED` word always has
+                    // its `moved` entry: both change under this shard's
+                    // write lock.
+                    Err(SpendError::Moved) => self
+                        .moved
+                        .read(key, |moved| moved.bucket.spend(now, cost, &self.quota))
+                        .unwrap_or(Err(SpendError::Retired)),
+                    other => other,
+                };
+                (spent, std::ptr::from_ref(bucket))
+            });
+            if let Some((spent, found)) = fast {
+                // Outside the shard lock: the vote needs only the bucket's
+                // address, and `promote` takes the lock for writing.
+                if matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(found) {
+                    self.promote(key);
+                }
+                // `None`: retired by a sweep, or moved under us; no live
+                // bucket.
+                if let Some(decided) = SpendError::decision(spent) {
+                    return decided;
+                }
+            }
+            if let Some(result) = self.create_or_retry(key, now, cost) {
+                return result;
+            }
+        }
+    }
+
+    /// The slow path of `charge`: the key has no live bucket. Creates one
+    /// and spends from it, or returns `None` when the key must be looked up
+    /// again.
+    fn create_or_retry<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, Denial>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // A call that would change nothing on a full bucket (cost 0) or
+        // be denied even there (cost > capacity) creates no bucket.
+        match gcra::decide(0, now, cost, &self.quota) {
+            Ok(0) => return Some(Ok(0)),
+            Ok(_) => {}
+            Err(denial) => return Some(Err(denial)),
+        }
+        // Slow path: first call for this key. `None`: moved to a handle
+        // under us (or retired, which the shard lock rules out); look the
+        // key up again.
+        SpendError::decision(self.create(key, now, cost))
+    }
+
+    /// Creates `key`'s bucket (unless another thread just did) and spends
+    /// from it.
+    fn create<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, SpendError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let occupancy = &self.occupancy;
+        if occupancy.sweep_due() {
+            self.sweep_nanos(now);
+        }
+        // The shard's write lock makes two racing first calls end up on the
+        // same bucket, and the place under the cap is reserved under it only
+        // when the key is absent, so a racing creation of the same key is
+        // never refused. The key is cloned only here.
+        let result = self.buckets.try_write(
+            key,
+            || occupancy.reserve().then(Bucket::new),
+            |bucket| bucket.spend_locked(now, cost, &self.quota),
+        );
+        result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
+            max_buckets: occupancy.max_buckets,
+        })))
+    }
+}

@@ -1,0 +1,99 @@
+//! The per-key limiter: a sharded map from keys to buckets.
+
+mod build;
+mod calls;
+mod handle;
+mod map_path;
+mod moved;
+mod sweep;
+
+use crate::bucket::Bucket;
+use crate::gcra::Quota;
+use crate::hot::HotKeys;
+use crate::store::Map;
+use crate::time::Clock;
+pub use handle::BucketHandle;
+use moved::Moved;
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use sweep::Occupancy;
+
+/// The default hasher: foldhash, seeded per limiter.
+///
+/// Keys arrive from the network, so the hasher must resist HashDoS; foldhash
+/// is seeded from a per-process random value and costs a few nanoseconds on
+/// a 40-byte key (SipHash, std's default, costs about four times as much).
+pub type DefaultHasher = foldhash::fast::RandomState;
+
+/// A per-key token-bucket rate limiter, shared by reference between threads.
+///
+/// Each key has its own bucket of up to `capacity` tokens, refilled at
+/// `rate` tokens per second; a call of cost `n` is admitted if the bucket
+/// holds at least `n` tokens, and then spends them. A new key starts full.
+/// Timestamps are `f64` seconds on any timeline the caller chooses, rounded
+/// to whole nanoseconds. Use one timeline for every key (one clock, or Unix
+/// time): the automatic sweep (on by default) evicts the buckets that are
+/// full at the timestamp of the call that triggers it, so a key whose
+/// timestamps lag behind that call's (another timeline, or a call that
+/// arrives after a sweep stamped later than itself) can lose its deficit. With per-key
+/// timelines, turn the sweep off ([`with_auto_sweep`](Self::with_auto_sweep))
+/// and [`sweep`](Self::sweep) yourself.
+///
+/// All methods take `&self`: share the limiter with an [`Arc`](std::sync::Arc)
+/// or a `static`.
+///
+/// # Locking behaviour
+///
+/// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds
+/// its key's shard's write lock while it updates the key's word in place
+/// (taking the lock costs the same shared write as a read lock would, and
+/// saves a compare-and-swap); [`remaining`](Self::remaining) takes the read
+/// lock. A key that one thread keeps calling is cached by that thread and
+/// then spent with one compare-and-swap and no lock at all (see
+/// [`with_hot_key_cache`](Self::with_hot_key_cache)), as is a
+/// [`BucketHandle`]. Under a lock, only the key type's own `Hash`, `Eq`
+/// and `Drop` run (DashMap hashes, compares and drops keys under its
+/// locks); as long as those do not call the limiter, no method can
+/// deadlock another.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::TokenBucketLimiter;
+///
+/// let limiter = TokenBucketLimiter::new(1.0, 3);
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 0.0));
+/// assert!(!limiter.allow("key1", 0.0));
+/// assert!(limiter.allow("key1", 2.0));
+/// ```
+pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
+    quota: Quota,
+    /// Each key's bucket, inline: one word per entry. An entry whose word is
+    /// `MOVED` has moved its bucket to `moved`.
+    buckets: Map<K, Bucket, S>,
+    /// The buckets of keys that have had a [`BucketHandle`], behind an
+    /// `Arc` the handles share. Lock order: an entry's shard in `buckets`
+    /// first, then `moved`, everywhere.
+    moved: Map<K, Moved, S>,
+    /// Bucket accounting for the cap and the automatic sweep.
+    occupancy: Occupancy,
+    /// This limiter's buckets in the per-thread hot-key caches.
+    hot: HotKeys,
+    /// Read by the `*_now` methods only.
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl<K, S> fmt::Debug for TokenBucketLimiter<K, S>
+where
+    K: Hash + Eq,
+    S: BuildHasher + Clone,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenBucketLimiter")
+            .field("quota", &self.quota)
+            .field("buckets", &self.buckets.len())
+            .finish()
+    }
+}

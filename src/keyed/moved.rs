@@ -1,0 +1,117 @@
+//! Moving a bucket out of its map entry into an `Arc` that handles and
+//! hot-key caches hold.
+
+use super::{BucketHandle, TokenBucketLimiter};
+use crate::bucket::{Bucket, MOVED};
+use crate::sync::Arc;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+/// A bucket moved out of its map entry into an `Arc` (see
+/// [`TokenBucketLimiter::bucket`]).
+#[derive(Clone)]
+pub(super) struct Moved {
+    pub(super) bucket: Arc<Bucket>,
+    /// Held by every [`BucketHandle`] on this bucket, and by the entry: a
+    /// count above 1 keeps the bucket from being evicted. Hot-key caches
+    /// hold `bucket` only, so they never keep it.
+    pub(super) pin: Arc<()>,
+}
+
+/// # Moving buckets into an `Arc`: hot-key promotion and handles
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Caches `key`'s bucket in the calling thread's hot-key cache, moving
+    /// it to an `Arc` first if it is still inline. Does nothing if
+    /// the key has no bucket any more.
+    #[cold]
+    pub(super) fn promote<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let moved = self
+            .buckets
+            .try_write(key, || None, |bucket| self.move_to_arc(key, bucket));
+        if let Some(moved) = moved {
+            // The cache holds the bucket, not the pin: a sweep may retire it.
+            self.hot.insert(key.to_owned(), moved.bucket);
+        }
+    }
+
+    /// Moves the bucket of `key`'s entry (held under its shard's write
+    /// lock) to `moved`, if it is not there yet; returns a clone of the
+    /// `moved` entry.
+    fn move_to_arc<Q>(&self, key: &Q, bucket: &mut Bucket) -> Moved
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Under the shard's write lock no spend is in flight on the inline
+        // word, so moving its value out loses nothing; later keyed calls
+        // see `MOVED` and follow it to the `Arc`.
+        let moved = match bucket.word() {
+            MOVED => 0, // already moved: `init` below does not run
+            _ => bucket.move_out(),
+        };
+        // Lock order: this shard, then `moved`.
+        self.moved.write(
+            key,
+            || Moved {
+                bucket: Arc::new(Bucket::with_word(moved)),
+                pin: Arc::new(()),
+            },
+            |moved| moved.clone(),
+        )
+    }
+
+    /// A handle on `key`'s bucket that spends with no map lookup, for a
+    /// connection that resolves its API key once and then spends on every
+    /// message. It shares the bucket with keyed calls on the same key.
+    ///
+    /// A bucket with a live handle is never evicted, so the handle stays
+    /// valid however long it lives; once every handle is dropped, the bucket
+    /// is evicted like any other.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes the shard's write lock once; the handle's own calls take no
+    /// lock at all.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 2);
+    /// let handle = limiter.bucket("sk_live_abc");
+    /// assert!(handle.allow(0.0));
+    /// assert!(limiter.allow("sk_live_abc", 0.0));
+    /// assert!(!handle.allow(0.0));
+    /// ```
+    #[must_use]
+    pub fn bucket<Q>(&self, key: &Q) -> BucketHandle
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // A handle's bucket counts toward the cap like any other, but the
+        // cap never refuses a handle: a connection that holds one must work.
+        let mut inserted = false;
+        let init = || {
+            inserted = true;
+            Bucket::new()
+        };
+        let Moved { bucket, pin } = self
+            .buckets
+            .write(key, init, |bucket| self.move_to_arc(key, bucket));
+        if inserted {
+            self.occupancy.add(1);
+        }
+        BucketHandle {
+            quota: self.quota,
+            bucket,
+            _pin: pin,
+            clock: std::sync::Arc::clone(&self.clock),
+        }
+    }
+}
