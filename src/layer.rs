@@ -28,6 +28,7 @@
 //! honours it is admitted when it retries (if nothing else spent meanwhile).
 
 use crate::error::Denial;
+use crate::gcra::Quota;
 use crate::keyed::{DefaultHasher, TokenBucketLimiter};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::request::Parts;
@@ -54,6 +55,41 @@ pub type UnitCost = fn(&Parts) -> u64;
 
 fn unit_cost(_: &Parts) -> u64 {
     1
+}
+
+/// The default quota function's type: every request gets the limiter's
+/// default quota.
+pub type DefaultQuota = fn(&Parts) -> Option<Quota>;
+
+fn default_quota(_: &Parts) -> Option<Quota> {
+    None
+}
+
+/// What the layer hands the inner service in the request's extensions
+/// when it admits a request: the key it extracted and the quota it
+/// applied, so a handler need not parse the key again to find its
+/// customer.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::Limited;
+///
+/// fn handler(request: http::Request<()>) -> String {
+///     match request.extensions().get::<Limited<String>>() {
+///         Some(limited) => format!("hello {}, burst {}", limited.key, limited.quota.capacity()),
+///         None => String::from("not rate-limited"),
+///     }
+/// }
+/// # assert_eq!(handler(http::Request::new(())), "not rate-limited");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Limited<K = String> {
+    /// The key the layer's key function extracted.
+    pub key: K,
+    /// The quota the request was admitted under.
+    pub quota: Quota,
 }
 
 /// Reads the key from `Authorization: Bearer <token>`.
@@ -152,10 +188,11 @@ fn non_empty(token: &str) -> Option<String> {
 /// assert_eq!(refused.status(), 401);
 /// # });
 /// ```
-pub struct RateLimitLayer<F, C = UnitCost, K = String, S = DefaultHasher> {
+pub struct RateLimitLayer<F, C = UnitCost, K = String, S = DefaultHasher, P = DefaultQuota> {
     limiter: Arc<TokenBucketLimiter<K, S>>,
     key: F,
     cost: C,
+    quota: P,
     policy_name: Arc<str>,
 }
 
@@ -191,12 +228,13 @@ where
             limiter,
             key,
             cost: unit_cost,
+            quota: default_quota,
             policy_name: Arc::from("default"),
         }
     }
 }
 
-impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
+impl<F, C, K, S, P> RateLimitLayer<F, C, K, S, P> {
     /// Charges each request `cost(parts)` tokens instead of one.
     ///
     /// A cost of 0 is admitted without spending; a cost above the capacity
@@ -219,7 +257,7 @@ impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
     /// });
     /// ```
     #[must_use]
-    pub fn with_cost<C2>(self, cost: C2) -> RateLimitLayer<F, C2, K, S>
+    pub fn with_cost<C2>(self, cost: C2) -> RateLimitLayer<F, C2, K, S, P>
     where
         C2: Fn(&Parts) -> u64,
     {
@@ -227,6 +265,40 @@ impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
             limiter: self.limiter,
             key: self.key,
             cost,
+            quota: self.quota,
+            policy_name: self.policy_name,
+        }
+    }
+
+    /// Applies `quota(parts)` to each request, a plan chosen per request
+    /// (say, from an extension that an authentication layer set), or the
+    /// limiter's default quota where it returns `None`. The rate-limit
+    /// headers describe the quota applied.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::{bearer_token, RateLimitLayer};
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    /// use std::sync::Arc;
+    ///
+    /// let pro = Quota::new(20.0, 100).unwrap();
+    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5)); // free plan
+    /// let _layer = RateLimitLayer::new(limiter, bearer_token).with_quota(move |parts: &http::request::Parts| {
+    ///     let key = bearer_token(parts)?;
+    ///     key.starts_with("sk_pro_").then_some(pro)
+    /// });
+    /// ```
+    #[must_use]
+    pub fn with_quota<P2>(self, quota: P2) -> RateLimitLayer<F, C, K, S, P2>
+    where
+        P2: Fn(&Parts) -> Option<Quota>,
+    {
+        RateLimitLayer {
+            limiter: self.limiter,
+            key: self.key,
+            cost: self.cost,
+            quota,
             policy_name: self.policy_name,
         }
     }
@@ -266,18 +338,19 @@ impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
     }
 }
 
-impl<F: Clone, C: Clone, K, S> Clone for RateLimitLayer<F, C, K, S> {
+impl<F: Clone, C: Clone, K, S, P: Clone> Clone for RateLimitLayer<F, C, K, S, P> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             limiter: Arc::clone(&self.limiter),
             key: self.key.clone(),
             cost: self.cost.clone(),
+            quota: self.quota.clone(),
             policy_name: Arc::clone(&self.policy_name),
         }
     }
 }
 
-impl<F, C, K, S> fmt::Debug for RateLimitLayer<F, C, K, S>
+impl<F, C, K, S, P> fmt::Debug for RateLimitLayer<F, C, K, S, P>
 where
     K: Hash + Eq,
     S: BuildHasher + Clone,
@@ -290,46 +363,51 @@ where
     }
 }
 
-impl<Svc, F, C, K, S> Layer<Svc> for RateLimitLayer<F, C, K, S>
+impl<Svc, F, C, K, S, P> Layer<Svc> for RateLimitLayer<F, C, K, S, P>
 where
     F: Clone,
     C: Clone,
+    P: Clone,
     K: Hash + Eq + 'static,
     S: BuildHasher + Clone,
 {
-    type Service = RateLimitService<Svc, F, C, K, S>;
+    type Service = RateLimitService<Svc, F, C, K, S, P>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        let quota = self.limiter.quota();
-        let policy = format!(
-            "{};q={};w={}",
-            sf_string(&self.policy_name),
-            quota.capacity(),
-            ceil_secs(quota.refill_time())
-        );
         RateLimitService {
             inner,
             shared: Arc::new(Shared {
                 limiter: Arc::clone(&self.limiter),
                 key: self.key.clone(),
                 cost: self.cost.clone(),
+                quota: self.quota.clone(),
                 policy_item: sf_string(&self.policy_name),
-                // Printable ASCII only (checked by `with_policy_name`).
-                policy: HeaderValue::try_from(policy).expect("printable ASCII"),
             }),
         }
     }
 }
 
 /// What every clone of a [`RateLimitService`] shares.
-struct Shared<F, C, K, S> {
+struct Shared<F, C, K, S, P> {
     limiter: Arc<TokenBucketLimiter<K, S>>,
     key: F,
     cost: C,
-    /// The policy's name as a structured-field string, quotes included.
+    quota: P,
+    /// The policy's name as a structured-field string, quotes included
+    /// (printable ASCII only, checked by `with_policy_name`).
     policy_item: String,
-    /// The `RateLimit-Policy` value, the same on every response.
-    policy: HeaderValue,
+}
+
+impl<F, C, K, S, P> Shared<F, C, K, S, P> {
+    /// The `RateLimit-Policy` value for a request under `quota`.
+    fn policy(&self, quota: &Quota) -> HeaderValue {
+        header_value(format!(
+            "{};q={};w={}",
+            self.policy_item,
+            quota.capacity(),
+            ceil_secs(quota.refill_time())
+        ))
+    }
 }
 
 /// The service made by [`RateLimitLayer`]: spends from the request's key's
@@ -337,12 +415,12 @@ struct Shared<F, C, K, S> {
 ///
 /// Cloning it clones the inner service and one [`Arc`]; the limiter and the
 /// key and cost functions are shared, never copied.
-pub struct RateLimitService<Svc, F, C = UnitCost, K = String, S = DefaultHasher> {
+pub struct RateLimitService<Svc, F, C = UnitCost, K = String, S = DefaultHasher, P = DefaultQuota> {
     inner: Svc,
-    shared: Arc<Shared<F, C, K, S>>,
+    shared: Arc<Shared<F, C, K, S, P>>,
 }
 
-impl<Svc: Clone, F, C, K, S> Clone for RateLimitService<Svc, F, C, K, S> {
+impl<Svc: Clone, F, C, K, S, P> Clone for RateLimitService<Svc, F, C, K, S, P> {
     fn clone(&self) -> Self {
         RateLimitService {
             inner: self.inner.clone(),
@@ -351,7 +429,7 @@ impl<Svc: Clone, F, C, K, S> Clone for RateLimitService<Svc, F, C, K, S> {
     }
 }
 
-impl<Svc: fmt::Debug, F, C, K, S> fmt::Debug for RateLimitService<Svc, F, C, K, S>
+impl<Svc: fmt::Debug, F, C, K, S, P> fmt::Debug for RateLimitService<Svc, F, C, K, S, P>
 where
     K: Hash + Eq,
     S: BuildHasher + Clone,
@@ -360,19 +438,20 @@ where
         f.debug_struct("RateLimitService")
             .field("inner", &self.inner)
             .field("limiter", &self.shared.limiter)
-            .field("policy", &self.shared.policy)
+            .field("policy", &self.shared.policy_item)
             .finish_non_exhaustive()
     }
 }
 
-impl<Svc, F, C, K, S, ReqBody, ResBody> Service<Request<ReqBody>>
-    for RateLimitService<Svc, F, C, K, S>
+impl<Svc, F, C, K, S, P, ReqBody, ResBody> Service<Request<ReqBody>>
+    for RateLimitService<Svc, F, C, K, S, P>
 where
     Svc: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
     F: Fn(&Parts) -> Option<K>,
     C: Fn(&Parts) -> u64,
-    K: Hash + Eq + Clone + 'static,
+    P: Fn(&Parts) -> Option<Quota>,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     S: BuildHasher + Clone,
 {
     type Response = Response<ResBody>;
@@ -395,27 +474,35 @@ where
             return ResponseFuture::refused(response);
         };
         let cost = (shared.cost)(&parts);
-        match shared.limiter.check_now(&key, cost) {
+        let quota = (shared.quota)(&parts).unwrap_or_else(|| shared.limiter.quota());
+        match shared.limiter.under(&quota).check_now(&key, cost) {
             Ok(remaining) => {
-                let quota = shared.limiter.quota();
-                // At most `capacity - remaining` tokens are missing.
+                // At most `capacity - remaining` tokens are missing, each
+                // one interval of refill.
                 let missing = quota.capacity().saturating_sub(remaining);
-                let until_full = (missing as f64 / quota.rate()).ceil() as u64;
+                let interval = u64::try_from(quota.interval().as_nanos()).unwrap_or(u64::MAX);
+                let until_full = ceil_secs(Duration::from_nanos(missing.saturating_mul(interval)));
                 let state = format!("{};r={remaining};t={until_full}", shared.policy_item);
                 let headers = [
-                    (RATELIMIT_POLICY, shared.policy.clone()),
+                    (RATELIMIT_POLICY, shared.policy(&quota)),
                     (RATELIMIT, header_value(state)),
                 ];
+                let mut parts = parts;
+                parts.extensions.insert(Limited { key, quota });
                 let inner = self.inner.call(Request::from_parts(parts, body));
                 ResponseFuture::admitted(inner, headers)
             }
-            Err(denial) => ResponseFuture::refused(refusal(shared, denial)),
+            Err(denial) => ResponseFuture::refused(refusal(shared, &quota, denial)),
         }
     }
 }
 
 /// The response to a request the limiter refused.
-fn refusal<F, C, K, S, B: Default>(shared: &Shared<F, C, K, S>, denial: Denial) -> Response<B> {
+fn refusal<F, C, K, S, P, B: Default>(
+    shared: &Shared<F, C, K, S, P>,
+    quota: &Quota,
+    denial: Denial,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
     let status = match denial {
@@ -431,7 +518,7 @@ fn refusal<F, C, K, S, B: Default>(shared: &Shared<F, C, K, S>, denial: Denial) 
         // server's condition, not the client's doing.
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    headers.insert(RATELIMIT_POLICY, shared.policy.clone());
+    headers.insert(RATELIMIT_POLICY, shared.policy(quota));
     *response.status_mut() = status;
     response
 }

@@ -68,9 +68,9 @@ mod wait;
 
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
-pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
+pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter, Under};
 #[cfg(feature = "tower")]
-pub use crate::layer::{RateLimitLayer, RateLimitService};
+pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingRedisLimiter, FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError,

@@ -8,7 +8,7 @@
 //! attempt, so abandoning a wait (dropping the future) spends nothing.
 
 use crate::error::Denial;
-use crate::keyed::{BucketHandle, TokenBucketLimiter};
+use crate::keyed::{BucketHandle, TokenBucketLimiter, Under};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::time::Duration;
@@ -194,6 +194,84 @@ impl BucketHandle {
     /// assert_eq!(handle.wait_blocking(1, Duration::ZERO), Ok(0));
     /// assert_eq!(handle.wait_blocking(1, Duration::from_secs(1)), Ok(0)); // ~10 ms
     /// assert!(handle.wait_blocking(2, Duration::from_secs(1)).is_err()); // at once
+    /// ```
+    pub fn wait_blocking(&self, cost: u64, max_wait: Duration) -> Result<u64, Denial> {
+        wait_blocking_with(max_wait, || self.check_now(cost))
+    }
+}
+
+/// # Waiting under a chosen quota
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> Under<'_, TokenBucketLimiter<K, S>> {
+    /// [`TokenBucketLimiter::wait`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucketLimiter::wait`], with this quota's capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let pro = Quota::new(100.0, 1).unwrap(); // a token every 10 ms
+    /// assert_eq!(limiter.under(&pro).wait("k", 1, Duration::ZERO).await, Ok(0));
+    /// assert_eq!(limiter.under(&pro).wait("k", 1, Duration::from_secs(1)).await, Ok(0)); // ~10 ms
+    /// # });
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub async fn wait<Q>(&self, key: &Q, cost: u64, max_wait: Duration) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        wait_with(max_wait, || self.check_now(key, cost)).await
+    }
+
+    /// [`TokenBucketLimiter::wait_blocking`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucketLimiter::wait_blocking`], with this quota's capacity.
+    pub fn wait_blocking<Q>(&self, key: &Q, cost: u64, max_wait: Duration) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        wait_blocking_with(max_wait, || self.check_now(key, cost))
+    }
+}
+
+/// # A handle waiting under a chosen quota
+impl Under<'_, BucketHandle> {
+    /// [`BucketHandle::wait`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucketLimiter::wait`], with this quota's capacity.
+    #[cfg(feature = "tokio")]
+    pub async fn wait(&self, cost: u64, max_wait: Duration) -> Result<u64, Denial> {
+        wait_with(max_wait, || self.check_now(cost)).await
+    }
+
+    /// [`BucketHandle::wait_blocking`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucketLimiter::wait_blocking`], with this quota's capacity.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    /// use std::time::Duration;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 1).bucket("k");
+    /// let pro = Quota::new(100.0, 1).unwrap(); // a token every 10 ms
+    /// assert_eq!(handle.under(&pro).wait_blocking(1, Duration::ZERO), Ok(0));
+    /// assert_eq!(handle.under(&pro).wait_blocking(1, Duration::from_secs(1)), Ok(0));
     /// ```
     pub fn wait_blocking(&self, cost: u64, max_wait: Duration) -> Result<u64, Denial> {
         wait_blocking_with(max_wait, || self.check_now(cost))

@@ -1,6 +1,6 @@
 //! Making and configuring a limiter, and what it reports about itself.
 
-use super::{DefaultHasher, Occupancy, TokenBucketLimiter};
+use super::{DefaultHasher, LiveQuota, Occupancy, TokenBucketLimiter};
 use crate::error::ConfigError;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
@@ -98,7 +98,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
         TokenBucketLimiter {
-            quota,
+            quota: std::sync::Arc::new(LiveQuota::new(quota)),
             buckets: Map::with_hasher(hasher.clone()),
             moved: Map::with_hasher(hasher),
             occupancy: Occupancy::new(),
@@ -223,10 +223,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub fn now(&self) -> f64 {
         self.clock.now().as_secs_f64()
     }
-    /// The quota every key's bucket follows.
+    /// The default quota: the one every call follows unless it names its
+    /// own with [`under`](Self::under). [`set_quota`](Self::set_quota)
+    /// changes it.
     #[must_use]
-    pub fn quota(&self) -> &Quota {
-        &self.quota
+    pub fn quota(&self) -> Quota {
+        self.quota.load()
     }
 
     /// The number of buckets held.

@@ -6,7 +6,7 @@ use super::TokenBucketLimiter;
 use crate::bucket::{MOVED, RETIRED};
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
-use crate::time::{nanos_from_duration, nanos_from_secs as secs, Clock};
+use crate::time::{nanos_from_duration, Clock};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -53,7 +53,8 @@ pub(super) fn remaining_at(
 /// # Keyed calls at a caller's timestamp
 ///
 /// Timestamps are `f64` seconds (see [`TokenBucketLimiter`]); every
-/// method here is one line over the core above and the map path.
+/// method here is one line: the same call [`under`](Self::under) the
+/// default quota, which is written once over the core above.
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Spends one token from `key`'s bucket at `timestamp` (seconds), if it
     /// holds one. Returns whether the call is admitted.
@@ -104,7 +105,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        allow_at(secs(timestamp), |now| self.charge(key, now, cost))
+        self.under(&self.quota()).allow_n(key, timestamp, cost)
     }
 
     /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
@@ -138,9 +139,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        check_at(secs(timestamp), &self.quota, |now| {
-            self.charge(key, now, cost)
-        })
+        self.under(&self.quota()).check(key, timestamp, cost)
     }
 
     /// The whole tokens `key` holds at `timestamp`, without spending any
@@ -165,12 +164,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        remaining_at(secs(timestamp), &self.quota, || self.word(key))
+        self.under(&self.quota()).remaining(key, timestamp)
     }
 
     /// The word of `key`'s bucket, wherever it lives; 0 (full) for a key
     /// without one.
-    fn word<Q>(&self, key: &Q) -> u64
+    pub(super) fn word<Q>(&self, key: &Q) -> u64
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -204,7 +203,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        allow_at(clock_nanos(&*self.clock), |now| self.charge(key, now, cost))
+        self.under(&self.quota()).allow_n_now(key, cost)
     }
 
     /// [`check`](Self::check) at the limiter's clock reading.
@@ -218,9 +217,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        check_at(clock_nanos(&*self.clock), &self.quota, |now| {
-            self.charge(key, now, cost)
-        })
+        self.under(&self.quota()).check_now(key, cost)
     }
 
     /// [`remaining`](Self::remaining) at the limiter's clock reading.
@@ -230,6 +227,6 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        remaining_at(clock_nanos(&*self.clock), &self.quota, || self.word(key))
+        self.under(&self.quota()).remaining_now(key)
     }
 }

@@ -1,12 +1,12 @@
 //! `BucketHandle`: one key's bucket held by a long-lived caller; the handle
 //! front end over the core in `calls`.
 
-use super::calls::{allow_at, check_at, clock_nanos, remaining_at};
+use super::plan::LiveQuota;
 use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::sync::Arc;
-use crate::time::{nanos_from_secs as secs, Clock};
+use crate::time::Clock;
 
 /// One key's bucket, held by a long-lived caller such as a connection.
 ///
@@ -14,7 +14,9 @@ use crate::time::{nanos_from_secs as secs, Clock};
 /// Cloning a handle shares the same bucket.
 #[derive(Debug, Clone)]
 pub struct BucketHandle {
-    pub(super) quota: Quota,
+    /// The limiter's default quota, shared so that `set_quota` reaches
+    /// handles too.
+    pub(super) quota: std::sync::Arc<LiveQuota>,
     pub(super) bucket: Arc<Bucket>,
     /// Keeps the bucket from being evicted while any handle on it lives
     /// (see `Moved::pin`).
@@ -55,7 +57,7 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn allow_n(&self, timestamp: f64, cost: u64) -> bool {
-        allow_at(secs(timestamp), |now| self.charge(now, cost))
+        self.under(&self.quota.load()).allow_n(timestamp, cost)
     }
 
     /// Spends `cost` tokens at `timestamp`, or says why not; on success
@@ -75,7 +77,7 @@ impl BucketHandle {
     /// assert_eq!(handle.check(0.0, 1), Ok(2));
     /// ```
     pub fn check(&self, timestamp: f64, cost: u64) -> Result<u64, Denial> {
-        check_at(secs(timestamp), &self.quota, |now| self.charge(now, cost))
+        self.under(&self.quota.load()).check(timestamp, cost)
     }
 
     /// The whole tokens the bucket holds at `timestamp`, without spending;
@@ -91,16 +93,22 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn remaining(&self, timestamp: f64) -> Option<u64> {
-        remaining_at(secs(timestamp), &self.quota, || self.bucket.word())
+        self.under(&self.quota.load()).remaining(timestamp)
     }
 
-    /// Spends `cost` at `now` (validated nanoseconds) on the bucket.
-    fn charge(&self, now: u64, cost: u64) -> Result<u64, Denial> {
+    /// Spends `cost` at `now` (validated nanoseconds) on the bucket, under
+    /// `quota`.
+    pub(super) fn charge(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
         // `None` is unreachable: eviction never retires a bucket that a live
         // handle pins (see `sweep`), and a moved bucket never moves again.
         // Fail closed rather than panic.
-        SpendError::decision(self.bucket.spend(now, cost, &self.quota))
+        SpendError::decision(self.bucket.spend(now, cost, quota))
             .unwrap_or(Err(Denial::InvalidTimestamp))
+    }
+
+    /// The bucket's word.
+    pub(super) fn word(&self) -> u64 {
+        self.bucket.word()
     }
 }
 
@@ -126,7 +134,7 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn allow_n_now(&self, cost: u64) -> bool {
-        allow_at(clock_nanos(&*self.clock), |now| self.charge(now, cost))
+        self.under(&self.quota.load()).allow_n_now(cost)
     }
 
     /// [`check`](Self::check) at the limiter's clock reading.
@@ -135,9 +143,7 @@ impl BucketHandle {
     ///
     /// As [`check`](Self::check).
     pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
-        check_at(clock_nanos(&*self.clock), &self.quota, |now| {
-            self.charge(now, cost)
-        })
+        self.under(&self.quota.load()).check_now(cost)
     }
 
     /// [`remaining`](Self::remaining) at the limiter's clock reading.
@@ -154,8 +160,6 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn remaining_now(&self) -> Option<u64> {
-        remaining_at(clock_nanos(&*self.clock), &self.quota, || {
-            self.bucket.word()
-        })
+        self.under(&self.quota.load()).remaining_now()
     }
 }

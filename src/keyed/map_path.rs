@@ -4,7 +4,7 @@
 use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
-use crate::gcra;
+use crate::gcra::{self, Quota};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -12,8 +12,15 @@ use std::hash::{BuildHasher, Hash};
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Charges `cost` to `key` at `now` (validated nanoseconds): spends
     /// it from the key's bucket, wherever that bucket lives. Returns the
-    /// bucket's new word.
-    pub(super) fn charge<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, Denial>
+    /// bucket's new word. `quota` is the default quota or the caller's
+    /// (see `plan`).
+    pub(super) fn charge<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -23,7 +30,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // again, but a sweep may retire it; the cache then forgets it and
         // the call goes to the map.
         let cached = self.hot.with::<K, Q, _>(key, |bucket| {
-            SpendError::decision(bucket.spend(now, cost, &self.quota))
+            SpendError::decision(bucket.spend(now, cost, quota))
         });
         if let Some(decided) = cached {
             return decided;
@@ -33,14 +40,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // while the word is updated in place, and released before any
             // other call on the map.
             let fast = self.buckets.update(key, |bucket| {
-                let spent = match bucket.spend_locked(now, cost, &self.quota) {
+                let spent = match bucket.spend_locked(now, cost, quota) {
                     // The bucket moved to a handle's `Arc` (lock order:
                     // this shard, then `moved`). A `MOVED` word always has
                     // its `moved` entry: both change under this shard's
                     // write lock.
                     Err(SpendError::Moved) => self
                         .moved
-                        .read(key, |moved| moved.bucket.spend(now, cost, &self.quota))
+                        .read(key, |moved| moved.bucket.spend(now, cost, quota))
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
                 };
@@ -58,7 +65,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                     return decided;
                 }
             }
-            if let Some(result) = self.create_or_retry(key, now, cost) {
+            if let Some(result) = self.create_or_retry(key, now, cost, quota) {
                 return result;
             }
         }
@@ -67,14 +74,20 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// The slow path of `charge`: the key has no live bucket. Creates one
     /// and spends from it, or returns `None` when the key must be looked up
     /// again.
-    fn create_or_retry<Q>(&self, key: &Q, now: u64, cost: u64) -> Option<Result<u64, Denial>>
+    fn create_or_retry<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Option<Result<u64, Denial>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A call that would change nothing on a full bucket (cost 0) or
         // be denied even there (cost > capacity) creates no bucket.
-        match gcra::decide(0, now, cost, &self.quota) {
+        match gcra::decide(0, now, cost, quota) {
             Ok(0) => return Some(Ok(0)),
             Ok(_) => {}
             Err(denial) => return Some(Err(denial)),
@@ -82,12 +95,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // Slow path: first call for this key. `None`: moved to a handle
         // under us (or retired, which the shard lock rules out); look the
         // key up again.
-        SpendError::decision(self.create(key, now, cost))
+        SpendError::decision(self.create(key, now, cost, quota))
     }
 
     /// Creates `key`'s bucket (unless another thread just did) and spends
     /// from it.
-    fn create<Q>(&self, key: &Q, now: u64, cost: u64) -> Result<u64, SpendError>
+    fn create<Q>(&self, key: &Q, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -103,7 +116,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             key,
             || occupancy.reserve().then(Bucket::new),
-            |bucket| bucket.spend_locked(now, cost, &self.quota),
+            |bucket| bucket.spend_locked(now, cost, quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
             max_buckets: occupancy.max_buckets,

@@ -5,15 +5,17 @@ mod calls;
 mod handle;
 mod map_path;
 mod moved;
+mod plan;
 mod sweep;
 
 use crate::bucket::Bucket;
-use crate::gcra::Quota;
 use crate::hot::HotKeys;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
 use moved::Moved;
+use plan::LiveQuota;
+pub use plan::Under;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use sweep::Occupancy;
@@ -69,7 +71,9 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// assert!(limiter.allow("key1", 2.0));
 /// ```
 pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
-    quota: Quota,
+    /// The default quota, for calls that do not name their own; shared
+    /// with handles, replaced by `set_quota`.
+    quota: std::sync::Arc<LiveQuota>,
     /// Each key's bucket, inline: one word per entry. An entry whose word is
     /// `MOVED` has moved its bucket to `moved`.
     buckets: Map<K, Bucket, S>,
@@ -92,7 +96,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TokenBucketLimiter")
-            .field("quota", &self.quota)
+            .field("quota", &self.quota.load())
             .field("buckets", &self.buckets.len())
             .finish()
     }

@@ -108,7 +108,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             self.occupancy.add(1);
         }
         BucketHandle {
-            quota: self.quota,
+            quota: std::sync::Arc::clone(&self.quota),
             bucket,
             _pin: pin,
             clock: std::sync::Arc::clone(&self.clock),

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod model;
+pub mod plans;
 
 /// A realistic API key: `sk_live_` and 32 hex characters, distinct per `i`.
 pub fn api_key(i: u64) -> String {
