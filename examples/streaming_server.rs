@@ -36,6 +36,11 @@ async fn main() {
     println!("  ws://{addr}/v1/stream   (WebSocket; Authorization: Bearer <key> or X-API-Key)");
     println!("  http://{addr}/v1/tts    (POST text; costs its length)");
     println!(
+        "  http://{addr}/admin/plans/{{free,pro}}  (PUT JSON quotas, X-Admin-Token: {}; GET /admin/plans)",
+        app.admin_token
+    );
+    println!("  plans: sk_pro_* keys are on pro (5x bursts, 10x rates), other keys on free");
+    println!(
         "  per key: connections+contexts {} burst, {}/s; synthesis {} chars burst, {} chars/s; \
          closed (1008) after {} ignored retry_afters",
         limits.connect_burst,

@@ -328,3 +328,72 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+/// Upgrade requests in a row for `key` until one is refused; how many were
+/// admitted (each spends one connection token). The sockets are closed.
+async fn connections_admitted(server: &Server, key: &str) -> u64 {
+    let mut admitted = 0;
+    loop {
+        match server.connect(key).await {
+            Ok((mut socket, _)) => {
+                admitted += 1;
+                let _ = socket.close(None).await;
+            }
+            Err(WsError::Http(response)) => {
+                assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                return admitted;
+            }
+            Err(err) => panic!("unexpected {err}"),
+        }
+        assert!(admitted <= 1000, "never refused");
+    }
+}
+
+#[tokio::test]
+async fn plans_get_their_own_bursts_and_change_live() {
+    let server = start().await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let admin = |name: &str, token: &str, body: Value| {
+        let request = http::Request::put(format!("http://{}/admin/plans/{name}", server.addr))
+            .header("x-admin-token", token)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        client.request(request)
+    };
+
+    // Each plan its own burst: free as LIMITS, pro five times as large.
+    let free = LIMITS.connect_burst;
+    assert_eq!(connections_admitted(&server, "sk_free_1").await, free);
+    assert_eq!(connections_admitted(&server, "sk_pro_1").await, 5 * free);
+    let (_, response) = server.connect("sk_pro_2").await.unwrap();
+    let pro_policy = policy("connections", 5 * free, 10.0 * LIMITS.connect_rate);
+    assert_eq!(header(&response, "ratelimit-policy"), pro_policy);
+
+    // A wrong admin token changes nothing; a bad quota is refused.
+    let doubled = json!({
+        "connect_rate": LIMITS.connect_rate, "connect_burst": 2 * free,
+        "synth_rate": LIMITS.synth_rate, "synth_burst": LIMITS.synth_burst,
+    });
+    let response = admin("free", "wrong", doubled.clone()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let mut bad = doubled.clone();
+    bad["connect_burst"] = json!(0);
+    let response = admin("free", "admin-secret", bad).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(connections_admitted(&server, "sk_free_1").await, 0);
+
+    // Double the free burst, live. sk_free_1 spent its whole burst at the
+    // same instant: it misses `free` tokens' time, which is half of the new
+    // bucket, so it gets `free` more at once; a new free key gets 2 * free.
+    let response = admin("free", "admin-secret", doubled).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(connections_admitted(&server, "sk_free_1").await, free);
+    assert_eq!(connections_admitted(&server, "sk_free_2").await, 2 * free);
+    let (_, response) = {
+        server.clock.advance(Duration::from_secs(3600));
+        server.connect("sk_free_1").await.unwrap()
+    };
+    let free_policy = policy("connections", 2 * free, LIMITS.connect_rate);
+    assert_eq!(header(&response, "ratelimit-policy"), free_policy);
+}

@@ -28,6 +28,15 @@
 //!  "cost":600,"retry_after":0.35,"retry_after_ms":350,"strikes":1,"max_strikes":5}
 //! ```
 //!
+//! **Plans.** Keys starting `sk_pro_` are on the `pro` plan, every other
+//! key on `free`; each plan has its own quotas for both budgets, applied
+//! per request (`RateLimitLayer::with_quota`) and per message
+//! (`BucketHandle::under`). `PUT /admin/plans/{name}` (header
+//! `X-Admin-Token`) changes a plan live, body
+//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}`;
+//! keys that already have buckets keep their time until full, turned into
+//! tokens by the new quota. `GET /admin/plans` lists them.
+//!
 //! A request denied while the client should still be waiting (before the
 //! retry-after of an earlier denial) is a strike; an admitted request clears
 //! them. At `max_strikes` the server closes the connection with code 1008
@@ -40,18 +49,18 @@
 #![allow(dead_code)]
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer};
-use keyrate::{BucketHandle, Clock, Denial, TokenBucketLimiter};
+use keyrate::{BucketHandle, Clock, ConfigError, Denial, Quota, TokenBucketLimiter};
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -90,12 +99,87 @@ impl Default for Limits {
     }
 }
 
+/// One plan: the quota of each budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Plan {
+    pub connections: Quota,
+    pub synthesis: Quota,
+}
+
+impl Plan {
+    /// The plan of these limits.
+    pub fn from_limits(limits: &Limits) -> Result<Self, ConfigError> {
+        Ok(Plan {
+            connections: Quota::new(limits.connect_rate, limits.connect_burst)?,
+            synthesis: Quota::new(limits.synth_rate, limits.synth_burst)?,
+        })
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "connect_rate": self.connections.rate(), "connect_burst": self.connections.capacity(),
+            "synth_rate": self.synthesis.rate(), "synth_burst": self.synthesis.capacity(),
+        })
+    }
+}
+
+/// The plans by name, read on every request and changed by the admin route.
+#[derive(Debug)]
+pub struct Plans(RwLock<BTreeMap<String, Plan>>);
+
+impl Plans {
+    /// `free` from `limits`, and `pro` with five times the bursts and ten
+    /// times the rates.
+    fn new(limits: &Limits) -> Self {
+        let free = Plan::from_limits(limits).expect("valid limits");
+        let pro = Plan::from_limits(&Limits {
+            connect_rate: limits.connect_rate * 10.0,
+            connect_burst: limits.connect_burst * 5,
+            synth_rate: limits.synth_rate * 10.0,
+            synth_burst: limits.synth_burst * 5,
+            ..*limits
+        })
+        .expect("valid limits");
+        let plans = BTreeMap::from([("free".to_owned(), free), ("pro".to_owned(), pro)]);
+        Plans(RwLock::new(plans))
+    }
+
+    /// The plan an API key is on: `pro` for `sk_pro_` keys, else `free`.
+    pub fn name_for(key: &str) -> &'static str {
+        if key.starts_with("sk_pro_") {
+            "pro"
+        } else {
+            "free"
+        }
+    }
+
+    /// The plan called `name` now.
+    pub fn get(&self, name: &str) -> Plan {
+        let plans = self.0.read().expect("plans lock");
+        plans
+            .get(name)
+            .or_else(|| plans.get("free"))
+            .copied()
+            .expect("a free plan")
+    }
+
+    fn set(&self, name: &str, plan: Plan) {
+        self.0
+            .write()
+            .expect("plans lock")
+            .insert(name.to_owned(), plan);
+    }
+}
+
 /// The app's state: both budgets' limiters, shared by every connection.
 #[derive(Debug, Clone)]
 pub struct App {
     pub limits: Limits,
     pub connections: Arc<TokenBucketLimiter>,
     pub synthesis: Arc<TokenBucketLimiter>,
+    pub plans: Arc<Plans>,
+    /// The token `PUT /admin/plans/{name}` needs in `X-Admin-Token`.
+    pub admin_token: Arc<str>,
     /// The limiters' clock, for telling when a client retries too early.
     pub clock: Arc<dyn Clock>,
 }
@@ -105,6 +189,8 @@ impl App {
     /// share its time).
     pub fn new(limits: Limits, clock: impl Clock + Clone + 'static) -> Self {
         App {
+            plans: Arc::new(Plans::new(&limits)),
+            admin_token: Arc::from("admin-secret"),
             limits,
             connections: Arc::new(
                 TokenBucketLimiter::new(limits.connect_rate, limits.connect_burst)
@@ -120,14 +206,24 @@ impl App {
 
     /// The routes: `GET /v1/stream` (WebSocket) and `POST /v1/tts` (HTTP).
     pub fn router(&self) -> Router {
+        let plans = Arc::clone(&self.plans);
         let connect_layer = RateLimitLayer::new(Arc::clone(&self.connections), api_key)
-            .with_policy_name("connections");
+            .with_policy_name("connections")
+            .with_quota(move |parts: &Parts| {
+                Some(plans.get(Plans::name_for(&api_key(parts)?)).connections)
+            });
+        let plans = Arc::clone(&self.plans);
         let tts_layer = RateLimitLayer::new(Arc::clone(&self.synthesis), api_key)
             .with_policy_name("synthesis")
-            .with_cost(declared_length);
+            .with_cost(declared_length)
+            .with_quota(move |parts: &Parts| {
+                Some(plans.get(Plans::name_for(&api_key(parts)?)).synthesis)
+            });
         Router::new()
             .route("/v1/stream", get(stream).route_layer(connect_layer))
             .route("/v1/tts", post(tts).route_layer(tts_layer))
+            .route("/admin/plans", get(list_plans))
+            .route("/admin/plans/{name}", put(set_plan))
             .with_state(self.clone())
     }
 }
@@ -161,6 +257,56 @@ fn declared_length(parts: &Parts) -> u64 {
         .unwrap_or(0)
 }
 
+/// `GET /admin/plans`: every plan's quotas.
+async fn list_plans(State(app): State<App>) -> Response {
+    let plans = app.plans.0.read().expect("plans lock").clone();
+    let plans: serde_json::Map<String, Value> = plans
+        .into_iter()
+        .map(|(name, plan)| (name, plan.to_json()))
+        .collect();
+    Json(Value::Object(plans)).into_response()
+}
+
+/// `PUT /admin/plans/{name}`: replaces a plan's quotas, live.
+async fn set_plan(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let token = headers.get("x-admin-token").and_then(|v| v.to_str().ok());
+    if token != Some(&*app.admin_token) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let (Some(connect_rate), Some(connect_burst), Some(synth_rate), Some(synth_burst)) = (
+        body["connect_rate"].as_f64(),
+        body["connect_burst"].as_u64(),
+        body["synth_rate"].as_f64(),
+        body["synth_burst"].as_u64(),
+    ) else {
+        let message = "expected connect_rate, connect_burst, synth_rate, synth_burst";
+        return (StatusCode::BAD_REQUEST, Json(error("bad_request", message))).into_response();
+    };
+    let limits = Limits {
+        connect_rate,
+        connect_burst,
+        synth_rate,
+        synth_burst,
+        ..app.limits
+    };
+    match Plan::from_limits(&limits) {
+        Ok(plan) => {
+            app.plans.set(&name, plan);
+            Json(plan.to_json()).into_response()
+        }
+        Err(err) => (
+            StatusCode::BAD_REQUEST,
+            Json(error("invalid_quota", &err.to_string())),
+        )
+            .into_response(),
+    }
+}
+
 /// `POST /v1/tts`: synthesizes the body's text in one response (simulated).
 async fn tts(parts: Parts, body: String) -> Response {
     if parts
@@ -183,6 +329,7 @@ async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> R
     let session = Session {
         connections: app.connections.bucket(key.as_str()),
         synthesis: app.synthesis.bucket(key.as_str()),
+        plan: Plans::name_for(&key),
         app,
         contexts: HashSet::new(),
         retry_at: None,
@@ -197,6 +344,9 @@ struct Session {
     /// Spent with no map lookup on every message.
     connections: BucketHandle,
     synthesis: BucketHandle,
+    /// The key's plan, looked up on every message so a change applies at
+    /// once.
+    plan: &'static str,
     contexts: HashSet<String>,
     /// When the last denial said the client could retry (on the clock).
     retry_at: Option<Duration>,
@@ -245,7 +395,8 @@ impl Session {
         let context = request["context_id"].as_str().unwrap_or("").to_owned();
         match request["type"].as_str() {
             Some("open") => {
-                let decision = self.connections.check_now(1);
+                let quota = self.app.plans.get(self.plan).connections;
+                let decision = self.connections.under(&quota).check_now(1);
                 self.decide("connections", &context, 1, decision, |this, remaining| {
                     this.contexts.insert(context.clone());
                     json!({ "type": "context_opened", "context_id": context, "remaining": remaining })
@@ -254,7 +405,9 @@ impl Session {
             Some("speak") if self.contexts.contains(&context) => {
                 let text = request["text"].as_str().unwrap_or("");
                 let cost = text.chars().count() as u64;
-                let decision = self.synthesis.wait(cost, self.app.limits.max_queue).await;
+                let quota = self.app.plans.get(self.plan).synthesis;
+                let max_queue = self.app.limits.max_queue;
+                let decision = self.synthesis.under(&quota).wait(cost, max_queue).await;
                 self.decide("synthesis", &context, cost, decision, |_, remaining| {
                     json!({ "type": "audio", "context_id": context, "characters": cost, "remaining": remaining })
                 })
