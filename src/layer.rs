@@ -398,9 +398,14 @@ where
         match shared.limiter.check_now(&key, cost) {
             Ok(remaining) => {
                 let quota = shared.limiter.quota();
-                // At most `capacity - remaining` tokens are missing.
+                // At most `capacity - remaining` tokens are missing: their
+                // refill, exact as the limiter counts it, in whole seconds.
                 let missing = quota.capacity().saturating_sub(remaining);
-                let until_full = (missing as f64 / quota.rate()).ceil() as u64;
+                let until_full = ceil_secs(
+                    quota
+                        .spend(missing)
+                        .map_or(quota.refill_time(), Duration::from_nanos),
+                );
                 let state = format!("{};r={remaining};t={until_full}", shared.policy_item);
                 let headers = [
                     (RATELIMIT_POLICY, shared.policy.clone()),

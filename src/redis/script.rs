@@ -1,0 +1,129 @@
+//! The decision script (`bucket.lua`): its arguments and its reply.
+
+use super::error::RedisLimiterError;
+use crate::time::{nanos_from_duration, nanos_from_secs};
+use ::redis::{ScriptInvocation, Value};
+use std::time::Duration;
+
+/// The decision script; Redis caches it by its SHA-1.
+pub(super) const BUCKET_SCRIPT: &str = include_str!("bucket.lua");
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Where "now" comes from for one call.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Now {
+    /// The caller's timestamp, validated nanoseconds.
+    At(u64),
+    /// Redis's `TIME`, read inside the script.
+    Server,
+}
+
+impl Now {
+    /// The caller's `f64` seconds, or `None` when invalid.
+    pub(super) fn secs(timestamp: f64) -> Option<Now> {
+        nanos_from_secs(timestamp).map(Now::At)
+    }
+
+    /// The caller's exact timestamp, or `None` when out of range.
+    pub(super) fn duration(at: Duration) -> Option<Now> {
+        nanos_from_duration(at).map(Now::At)
+    }
+}
+
+/// The script's answer, reassembled from its limbs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reply {
+    pub(super) admitted: bool,
+    /// The new word when admitted, the wait in nanoseconds when denied.
+    pub(super) value: u64,
+    /// The instant the script decided at.
+    pub(super) now: u64,
+}
+
+/// Splits nanoseconds into the script's `(seconds, nanoseconds)` limbs.
+fn limbs(ns: u64) -> (u64, u64) {
+    (ns / NANOS_PER_SEC, ns % NANOS_PER_SEC)
+}
+
+/// Joins the script's limbs into nanoseconds, if they form a `u64`.
+fn join(secs: i64, nanos: i64) -> Option<u64> {
+    let secs = u64::try_from(secs).ok()?;
+    let nanos = u64::try_from(nanos).ok().filter(|&n| n < NANOS_PER_SEC)?;
+    secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)
+}
+
+/// Adds the script's arguments for one call at `now` spending `spend` ns
+/// of refill, on a bucket whose full refill is `window` ns.
+pub(super) fn arguments(
+    invocation: &mut ScriptInvocation<'_>,
+    now: Now,
+    spend: u64,
+    window: u64,
+    min_ttl_ms: u64,
+) {
+    match now {
+        Now::At(ns) => {
+            let (secs, nanos) = limbs(ns);
+            invocation.arg(secs).arg(nanos);
+        }
+        Now::Server => {
+            invocation.arg("time").arg(0);
+        }
+    }
+    let (spend_secs, spend_nanos) = limbs(spend);
+    let (window_secs, window_nanos) = limbs(window);
+    invocation
+        .arg(spend_secs)
+        .arg(spend_nanos)
+        .arg(window_secs)
+        .arg(window_nanos)
+        .arg(min_ttl_ms);
+}
+
+/// The script's answer as a [`Reply`], or why it is not one.
+pub(super) fn parse(answer: &Value) -> Result<Reply, RedisLimiterError> {
+    let answer: Vec<i64> = ::redis::from_redis_value(answer)
+        .map_err(|_| RedisLimiterError::reply("expected 5 integers"))?;
+    let [admitted, value_secs, value_nanos, now_secs, now_nanos] = answer[..] else {
+        return Err(RedisLimiterError::reply("expected 5 integers"));
+    };
+    let value =
+        join(value_secs, value_nanos).ok_or_else(|| RedisLimiterError::reply("bad value limbs"))?;
+    let now =
+        join(now_secs, now_nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
+    Ok(Reply {
+        admitted: admitted == 1,
+        value,
+        now,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::MAX_TIMESTAMP_NANOS;
+
+    #[test]
+    fn limbs_round_trip_across_the_whole_range() {
+        for ns in [
+            0,
+            1,
+            999_999_999,
+            1_000_000_000,
+            1_700_000_000_123_456_789,
+            MAX_TIMESTAMP_NANOS,
+            u64::MAX,
+        ] {
+            let (s, n) = limbs(ns);
+            assert!(n < NANOS_PER_SEC);
+            // Each limb is exact in a Lua double.
+            assert!(s < 1 << 35);
+            assert_eq!(join(s as i64, n as i64), Some(ns));
+        }
+        assert_eq!(join(-1, 0), None);
+        assert_eq!(join(0, 1_000_000_000), None);
+        assert_eq!(join(0, -1), None);
+        assert_eq!(join(i64::MAX, 0), None);
+    }
+}
