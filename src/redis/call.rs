@@ -5,12 +5,11 @@
 //! prepared call to Redis and its answer back.
 
 use super::error::RedisLimiterError;
-use super::script::{self, Now, Reply};
+use super::script::{self, Now};
 use super::settings::Settings;
 use crate::error::Denial;
 use crate::gcra;
 use ::redis::{ScriptInvocation, Value};
-use std::time::Duration;
 
 /// What every checking call returns: Redis's failure, or the decision.
 pub(super) type Outcome = Result<Result<u64, Denial>, RedisLimiterError>;
@@ -20,6 +19,7 @@ pub(super) type Outcome = Result<Result<u64, Denial>, RedisLimiterError>;
 pub(super) struct Call {
     key: String,
     now: Now,
+    cost: u64,
     /// Nanoseconds of refill the call uses up; 0 only reads.
     spend: u64,
 }
@@ -41,6 +41,7 @@ impl Settings {
         Ok(Call {
             key: self.bucket_key(key),
             now,
+            cost,
             spend,
         })
     }
@@ -58,10 +59,18 @@ impl Settings {
         invocation
     }
 
-    /// The outcome of `call` from Redis's `answer`.
-    pub(super) fn finish(&self, _call: &Call, answer: Result<Value, RedisLimiterError>) -> Outcome {
-        let reply = script::parse(&answer?)?;
-        Ok(self.decision(reply))
+    /// The outcome of `call` from Redis's `answer`: `gcra::decide` on the
+    /// word the script read, at the instant it decided, which must agree
+    /// with what the script did.
+    pub(super) fn finish(&self, call: &Call, answer: Result<Value, RedisLimiterError>) -> Outcome {
+        let reply = script::parse(&call.key, &answer?)?;
+        let decision = gcra::decide(reply.full_at, reply.now, call.cost, &self.quota);
+        if decision.is_ok() != reply.admitted {
+            return Err(RedisLimiterError::reply(
+                "the script and gcra::decide disagree on the word it read",
+            ));
+        }
+        Ok(decision.map(|word| gcra::tokens_at(word, reply.now, &self.quota)))
     }
 
     /// Whether a boolean call admits: the decision, or the failure policy.
@@ -70,19 +79,5 @@ impl Settings {
             Ok(decision) => decision.is_ok(),
             Err(_) => self.failure_policy.admits(),
         }
-    }
-
-    /// The decision a reply carries, as `gcra::decide` would return it.
-    fn decision(&self, reply: Reply) -> Result<u64, Denial> {
-        if reply.admitted {
-            return Ok(gcra::tokens_at(reply.value, reply.now, &self.quota));
-        }
-        // In memory the missing refill saturates at u64::MAX before the
-        // window is subtracted; do the same so retry-after agrees even there.
-        let window = self.quota.window();
-        let missing = reply.value.saturating_add(window);
-        Err(Denial::InsufficientTokens {
-            retry_after: Duration::from_nanos(missing - window),
-        })
     }
 }

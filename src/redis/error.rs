@@ -116,6 +116,14 @@ impl RedisLimiterError {
         }
     }
 
+    pub(super) fn foreign(key: &str) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Script,
+            message: format!("bucket key {key} does not hold a keyrate word"),
+            source: None,
+        }
+    }
+
     pub(super) fn reply(what: &str) -> Self {
         RedisLimiterError {
             kind: RedisErrorKind::Reply,

@@ -31,12 +31,12 @@ impl Now {
     }
 }
 
-/// The script's answer, reassembled from its limbs.
+/// The script's answer: what it did, the word it read, and when.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Reply {
     pub(super) admitted: bool,
-    /// The new word when admitted, the wait in nanoseconds when denied.
-    pub(super) value: u64,
+    /// The bucket's word before the call (0 for a missing key).
+    pub(super) full_at: u64,
     /// The instant the script decided at.
     pub(super) now: u64,
 }
@@ -72,29 +72,40 @@ pub(super) fn arguments(
         }
     }
     let (spend_secs, spend_nanos) = limbs(spend);
-    let (window_secs, window_nanos) = limbs(window);
+    // spend <= window (gcra::spend_for checked the cost): admitted exactly
+    // when full_at <= now + slack.
+    let (slack_secs, slack_nanos) = limbs(window - spend);
     invocation
         .arg(spend_secs)
         .arg(spend_nanos)
-        .arg(window_secs)
-        .arg(window_nanos)
+        .arg(slack_secs)
+        .arg(slack_nanos)
         .arg(min_ttl_ms);
 }
 
+/// The word a bucket key holds: the decimal of a `u64`, digits only, as
+/// the script and every earlier version write it; `""` for a missing key.
+pub(super) fn word(stored: &str) -> Option<u64> {
+    if stored.is_empty() {
+        return Some(0);
+    }
+    if !stored.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stored.parse().ok()
+}
+
 /// The script's answer as a [`Reply`], or why it is not one.
-pub(super) fn parse(answer: &Value) -> Result<Reply, RedisLimiterError> {
-    let answer: Vec<i64> = ::redis::from_redis_value(answer)
-        .map_err(|_| RedisLimiterError::reply("expected 5 integers"))?;
-    let [admitted, value_secs, value_nanos, now_secs, now_nanos] = answer[..] else {
-        return Err(RedisLimiterError::reply("expected 5 integers"));
-    };
-    let value =
-        join(value_secs, value_nanos).ok_or_else(|| RedisLimiterError::reply("bad value limbs"))?;
+pub(super) fn parse(key: &str, answer: &Value) -> Result<Reply, RedisLimiterError> {
+    let (admitted, stored, now_secs, now_nanos): (i64, String, i64, i64) =
+        ::redis::from_redis_value(answer)
+            .map_err(|_| RedisLimiterError::reply("expected [admitted, word, secs, nanos]"))?;
+    let full_at = word(&stored).ok_or_else(|| RedisLimiterError::foreign(key))?;
     let now =
         join(now_secs, now_nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
     Ok(Reply {
         admitted: admitted == 1,
-        value,
+        full_at,
         now,
     })
 }
@@ -125,5 +136,22 @@ mod tests {
         assert_eq!(join(0, 1_000_000_000), None);
         assert_eq!(join(0, -1), None);
         assert_eq!(join(i64::MAX, 0), None);
+    }
+
+    #[test]
+    fn words_are_plain_decimals() {
+        assert_eq!(word(""), Some(0));
+        assert_eq!(word("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "18446744073709551616",
+            "+1",
+            "-1",
+            " 1",
+            "1e5",
+            "0x10",
+            "not a word",
+        ] {
+            assert_eq!(word(bad), None, "{bad}");
+        }
     }
 }
