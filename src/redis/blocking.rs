@@ -105,6 +105,15 @@ impl BlockingRedisLimiter {
         self
     }
 
+    /// Sets how many bucket keys the local deny mirror remembers, as
+    /// [`RedisLimiter::with_mirror_capacity`](crate::RedisLimiter::with_mirror_capacity);
+    /// 0 turns it off.
+    #[must_use]
+    pub fn with_mirror_capacity(mut self, capacity: usize) -> Self {
+        self.settings.set_mirror_capacity(capacity);
+        self
+    }
+
     /// Sets what the boolean calls answer when Redis cannot decide
     /// (default [`FailurePolicy::Closed`]).
     #[must_use]

@@ -25,10 +25,37 @@
 -- ARGV[6]  slack, nanoseconds part
 -- ARGV[7]  the least TTL a written key gets, in milliseconds
 --
+-- With the caller's time, Rust may add its guess of the stored word (from
+-- its mirror, or '' for a missing key) and what to write if it is right:
+-- ARGV[8]  the word Rust expects ('' for a missing key)
+-- ARGV[9]  the new word, `gcra::decide` on the expected word
+-- ARGV[10] its TTL in milliseconds (the floor and the 1 ms minimum applied)
+-- When the key holds exactly ARGV[8], the script writes ARGV[9] with no
+-- arithmetic at all (the fast path); otherwise it decides below.
+--
 -- Returns {admitted (1 or 0), the word read ('' for a missing key), now
--- seconds, now nanoseconds}. A denial writes nothing.
+-- seconds, now nanoseconds}, or {1, the word read} from the fast path. A
+-- denial writes nothing.
 
 local key = KEYS[1]
+local stored = redis.call('GET', key)
+if not stored then
+  stored = ''
+end
+local len = #stored
+
+if stored == ARGV[8] then
+  local ttl = tonumber(ARGV[10])
+  if len > 0 then
+    local old = redis.call('PTTL', key)
+    if old > ttl then
+      ttl = old
+    end
+  end
+  redis.call('SET', key, ARGV[9], 'PX', ttl)
+  return {1, stored}
+end
+
 local now_s, now_n
 if ARGV[1] == 'time' then
   -- Redis < 7 replicates scripts verbatim unless told to replicate their
@@ -43,14 +70,9 @@ else
   now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
 
-local stored = redis.call('GET', key)
-if not stored then
-  stored = ''
-end
 -- The word, split into limbs without ever forming the whole number. A
 -- value that is not one is caught below before anything is written, and by
 -- Rust on every path.
-local len = #stored
 local full_s, full_n = 0, 0
 if len > 9 then
   full_s, full_n = tonumber(string.sub(stored, 1, len - 9)), tonumber(string.sub(stored, len - 8))

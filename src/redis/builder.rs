@@ -164,6 +164,42 @@ where
         self
     }
 
+    /// Sets how many bucket keys the local deny mirror remembers (default
+    /// 65,536); 0 turns the mirror off, so that every call asks Redis.
+    ///
+    /// The mirror keeps, per key, the word Redis last showed this limiter
+    /// (and its clones): Redis's word only grows, so a call that this lower
+    /// bound already denies is denied without a round trip, with the same
+    /// decision Redis would make. Only calls the bound admits go to Redis.
+    /// With the caller's timestamps the decisions are exactly those of the
+    /// mirror-off limiter (a local denial's `retry_after` is a lower bound
+    /// of Redis's when other processes spend the same key). With Redis's
+    /// clock (`*_now`) the mirror estimates that clock from earlier
+    /// replies, from above: it may deny a call that would have reached
+    /// Redis up to one round trip later and been admitted, never more. A
+    /// local denial needs no Redis, so it stays a denial while Redis is
+    /// down, whatever the [`FailurePolicy`](crate::FailurePolicy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let every_call_asks_redis = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_mirror_capacity(0);
+    /// # let _ = every_call_asks_redis;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_mirror_capacity(mut self, capacity: usize) -> Self {
+        self.settings.set_mirror_capacity(capacity);
+        self
+    }
+
     /// Sets what [`allow`](Self::allow) and the other boolean calls answer
     /// when Redis cannot decide (default [`FailurePolicy::Closed`]).
     ///

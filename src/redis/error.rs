@@ -10,6 +10,11 @@ use std::time::Duration;
 /// The checking calls ([`RedisLimiter::check`](crate::RedisLimiter::check) and friends) never apply a
 /// policy: they return the [`RedisLimiterError`] for the caller to decide.
 ///
+/// A call that the local deny mirror denies never reaches Redis, so it
+/// stays a denial while Redis is down, under either policy: the policy
+/// answers only calls that needed Redis (see
+/// [`RedisLimiter::with_mirror_capacity`](crate::RedisLimiter::with_mirror_capacity)).
+///
 /// # Examples
 ///
 /// ```

@@ -15,13 +15,15 @@
 //! Files: `settings.rs` (what a limiter is configured with), `script.rs`
 //! (the script's arguments and reply), `call.rs` (the I/O-free core:
 //! prepare a call, finish it from the reply), `limiter.rs` and
-//! `blocking.rs` (the async and blocking front ends), `error.rs`.
+//! `blocking.rs` (the async and blocking front ends), `mirror.rs` (the
+//! local deny mirror), `error.rs`.
 
 mod blocking;
 mod builder;
 mod call;
 mod error;
 mod limiter;
+mod mirror;
 mod script;
 mod settings;
 

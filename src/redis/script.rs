@@ -61,6 +61,7 @@ pub(super) fn arguments(
     spend: u64,
     window: u64,
     min_ttl_ms: u64,
+    guess: Option<Guess>,
 ) {
     match now {
         Now::At(ns) => {
@@ -81,6 +82,37 @@ pub(super) fn arguments(
         .arg(slack_secs)
         .arg(slack_nanos)
         .arg(min_ttl_ms);
+    if let Some(guess) = guess {
+        match guess.expected {
+            0 => invocation.arg(""),
+            word => invocation.arg(word),
+        };
+        invocation.arg(guess.word).arg(guess.ttl_ms);
+    }
+}
+
+/// What the script writes, with no arithmetic, if the key holds `expected`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Guess {
+    /// The word Rust expects the key to hold (0: no key).
+    pub(super) expected: u64,
+    /// `gcra::decide` on `expected`: the word to write.
+    pub(super) word: u64,
+    /// The key's TTL: the time from `now` until `word`, in whole
+    /// milliseconds rounded up, at least the floor and at least 1 ms.
+    pub(super) ttl_ms: u64,
+}
+
+impl Guess {
+    pub(super) fn new(expected: u64, word: u64, now: u64, min_ttl_ms: u64) -> Self {
+        let missing = word.saturating_sub(now);
+        let ttl_ms = missing.div_ceil(1_000_000).max(min_ttl_ms).max(1);
+        Guess {
+            expected,
+            word,
+            ttl_ms,
+        }
+    }
 }
 
 /// The word a bucket key holds: the decimal of a `u64`, digits only, as
@@ -95,14 +127,34 @@ pub(super) fn word(stored: &str) -> Option<u64> {
     stored.parse().ok()
 }
 
-/// The script's answer as a [`Reply`], or why it is not one.
-pub(super) fn parse(key: &str, answer: &Value) -> Result<Reply, RedisLimiterError> {
-    let (admitted, stored, now_secs, now_nanos): (i64, String, i64, i64) =
-        ::redis::from_redis_value(answer)
-            .map_err(|_| RedisLimiterError::reply("expected [admitted, word, secs, nanos]"))?;
+/// The script's answer as a [`Reply`], or why it is not one. `now` is
+/// the caller's timestamp, if the call had one.
+pub(super) fn parse(
+    key: &str,
+    answer: &Value,
+    now: Option<u64>,
+) -> Result<Reply, RedisLimiterError> {
+    let shape = || RedisLimiterError::reply("expected [admitted, word, secs, nanos]");
+    let Value::Array(items) = answer else {
+        return Err(shape());
+    };
+    let (admitted, stored, server_now) = match &items[..] {
+        [admitted, stored] => (admitted, stored, None),
+        [admitted, stored, secs, nanos] => (admitted, stored, Some((secs, nanos))),
+        _ => return Err(shape()),
+    };
+    let admitted: i64 = ::redis::from_redis_value(admitted).map_err(|_| shape())?;
+    let stored: String = ::redis::from_redis_value(stored).map_err(|_| shape())?;
     let full_at = word(&stored).ok_or_else(|| RedisLimiterError::foreign(key))?;
-    let now =
-        join(now_secs, now_nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
+    let now = match (now, server_now) {
+        (Some(now), _) => now,
+        (None, Some((secs, nanos))) => {
+            let secs: i64 = ::redis::from_redis_value(secs).map_err(|_| shape())?;
+            let nanos: i64 = ::redis::from_redis_value(nanos).map_err(|_| shape())?;
+            join(secs, nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?
+        }
+        (None, None) => return Err(shape()),
+    };
     Ok(Reply {
         admitted: admitted == 1,
         full_at,

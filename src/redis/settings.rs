@@ -2,6 +2,7 @@
 //! the key layout, the deadline and the failure policy.
 
 use super::error::FailurePolicy;
+use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
 use super::script::BUCKET_SCRIPT;
 use crate::gcra::Quota;
 use crate::time::MAX_TIMESTAMP_NANOS;
@@ -36,6 +37,8 @@ pub(super) struct Settings {
     /// The least TTL of a written key, in milliseconds.
     pub(super) min_ttl_ms: u64,
     pub(super) failure_policy: FailurePolicy,
+    /// The local deny mirror, shared by clones; `None` when turned off.
+    pub(super) mirror: Option<Arc<Mirror>>,
 }
 
 impl Settings {
@@ -47,6 +50,7 @@ impl Settings {
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
+            mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
         }
     }
 
@@ -61,6 +65,11 @@ impl Settings {
     pub(super) fn set_min_ttl(&mut self, min_ttl: Duration) {
         let cap = MAX_TIMESTAMP_NANOS / 1_000_000;
         self.min_ttl_ms = u64::try_from(min_ttl.as_millis()).map_or(cap, |ms| ms.min(cap));
+    }
+
+    /// A fresh mirror of `capacity` bounds, or none for 0.
+    pub(super) fn set_mirror_capacity(&mut self, capacity: usize) {
+        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity)));
     }
 
     pub(super) fn bucket_key(&self, key: &str) -> String {
@@ -79,6 +88,7 @@ impl fmt::Debug for Settings {
             .field("timeout", &self.timeout)
             .field("min_ttl_ms", &self.min_ttl_ms)
             .field("failure_policy", &self.failure_policy)
+            .field("mirror", &self.mirror)
             .finish()
     }
 }
