@@ -364,6 +364,26 @@ pub(crate) fn is_full(full_at: u64, now: u64) -> bool {
     full_at <= now
 }
 
+/// The checks [`decide`] makes before it reads the word, in its order:
+/// the refill `cost` uses up (0 for cost 0, which changes nothing), or the
+/// denial that no word can change. For callers that must fetch the word
+/// first (the Redis limiter): they skip the fetch when this denies.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+#[inline]
+pub(crate) fn spend_for(cost: u64, quota: &Quota) -> Result<u64, Denial> {
+    if cost == 0 {
+        return Ok(0);
+    }
+    if cost > quota.capacity {
+        return Err(Denial::ExceedsCapacity {
+            cost,
+            capacity: quota.capacity,
+        });
+    }
+    // cost <= capacity, so spend <= window and cannot fail.
+    Ok(quota.spend(cost).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

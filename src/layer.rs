@@ -477,11 +477,14 @@ where
         let quota = (shared.quota)(&parts).unwrap_or_else(|| shared.limiter.quota());
         match shared.limiter.under(&quota).check_now(&key, cost) {
             Ok(remaining) => {
-                // At most `capacity - remaining` tokens are missing, each
-                // one interval of refill.
+                // At most `capacity - remaining` tokens are missing: their
+                // refill, exact as the limiter counts it, in whole seconds.
                 let missing = quota.capacity().saturating_sub(remaining);
-                let interval = u64::try_from(quota.interval().as_nanos()).unwrap_or(u64::MAX);
-                let until_full = ceil_secs(Duration::from_nanos(missing.saturating_mul(interval)));
+                let until_full = ceil_secs(
+                    quota
+                        .spend(missing)
+                        .map_or(quota.refill_time(), Duration::from_nanos),
+                );
                 let state = format!("{};r={remaining};t={until_full}", shared.policy_item);
                 let headers = [
                     (RATELIMIT_POLICY, shared.policy(&quota)),

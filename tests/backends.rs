@@ -1,6 +1,6 @@
 //! One semantic suite, run on every backend: the in-memory
-//! `TokenBucketLimiter`, the Redis-backed `RedisLimiter`, and its blocking
-//! twin `BlockingRedisLimiter`.
+//! `TokenBucketLimiter`, the Redis-backed `RedisLimiter` (with its local
+//! deny mirror and without), and its blocking twin `BlockingRedisLimiter`.
 //!
 //! Every case is written once against the small `Backend` trait below and
 //! instantiated for each backend by `suite!`. The Redis cases need
@@ -86,6 +86,30 @@ impl Backend for Redis {
         redis_support::keys(&mut self.raw.clone(), &self.prefix)
             .await
             .len()
+    }
+}
+
+/// The async limiter with its local deny mirror turned off: every call
+/// asks Redis.
+struct RedisNoMirror(Redis);
+
+impl Backend for RedisNoMirror {
+    async fn new(quota: Quota) -> Option<Self> {
+        let mut redis = Redis::new(quota).await?;
+        redis.limiter = redis.limiter.with_mirror_capacity(0);
+        Some(RedisNoMirror(redis))
+    }
+    async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
+        self.0.check(key, timestamp, cost).await
+    }
+    async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        self.0.allow_n(key, timestamp, cost).await
+    }
+    async fn remaining(&self, key: &str, timestamp: f64) -> Option<u64> {
+        self.0.remaining(key, timestamp).await
+    }
+    async fn buckets(&self) -> usize {
+        self.0.buckets().await
     }
 }
 
@@ -452,6 +476,14 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case::<super::Redis>().await;
+                }
+            )*
+        }
+        mod on_redis_without_mirror {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<super::RedisNoMirror>().await;
                 }
             )*
         }

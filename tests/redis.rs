@@ -518,7 +518,23 @@ async fn server_killed_and_restarted() {
         Ok(4)
     );
 
+    // Empty "m": the next call at the same instant is denied by the local
+    // deny mirror, with no round trip.
+    for left in (0..5).rev() {
+        assert_eq!(decided(closed.check("m", 0.0, 1).await), Ok(left));
+    }
+
     server.kill();
+    // A local denial needs no Redis: it stays a denial while Redis is down,
+    // even failing open.
+    assert!(matches!(
+        open.check("m", 0.0, 1).await,
+        Ok(Err(Denial::InsufficientTokens { .. }))
+    ));
+    assert!(
+        !open.allow("m", 0.0).await,
+        "the mirror denies, policy or not"
+    );
     // While it is down: typed errors, never a panic, and the policies.
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = None;

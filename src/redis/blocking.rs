@@ -1,17 +1,16 @@
 //! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
 //! that are not in an async runtime.
 
-use super::{parse, FailurePolicy, Now, RedisErrorKind, RedisLimiterError, Reply, Settings};
+use super::call::Outcome;
+use super::script::Now;
+use super::settings::Settings;
+use super::{FailurePolicy, RedisErrorKind, RedisLimiterError};
 use crate::error::Denial;
 use crate::gcra::Quota;
-use crate::time::{nanos_from_duration, nanos_from_secs};
 use ::redis::{Client, Connection};
 use parking_lot::Mutex;
 use std::fmt;
 use std::time::Duration;
-
-/// The shortest timeout a socket accepts (a zero timeout is an error).
-const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// [`RedisLimiter`](crate::RedisLimiter) without async: the same decisions
 /// and the same script, over one plain connection.
@@ -81,7 +80,7 @@ impl BlockingRedisLimiter {
     /// [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix).
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.settings.prefix = std::sync::Arc::from(prefix.into());
+        self.settings.set_prefix(prefix.into());
         self
     }
 
@@ -92,7 +91,7 @@ impl BlockingRedisLimiter {
     /// [`RedisErrorKind::Timeout`].
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.timeout = timeout.max(MIN_TIMEOUT);
+        self.settings.set_timeout(timeout);
         // The next call opens a connection with the new timeout.
         *self.connection.get_mut() = None;
         self
@@ -103,6 +102,15 @@ impl BlockingRedisLimiter {
     #[must_use]
     pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
         self.settings.set_min_ttl(min_ttl);
+        self
+    }
+
+    /// Sets how many bucket keys the local deny mirror remembers, as
+    /// [`RedisLimiter::with_mirror_capacity`](crate::RedisLimiter::with_mirror_capacity);
+    /// 0 turns it off.
+    #[must_use]
+    pub fn with_mirror_capacity(mut self, capacity: usize) -> Self {
+        self.settings.set_mirror_capacity(capacity);
         self
     }
 
@@ -174,10 +182,7 @@ impl BlockingRedisLimiter {
         timestamp: f64,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        match nanos_from_secs(timestamp) {
-            Some(now) => self.decide(key, Now::At(now), cost),
-            None => Ok(Err(Denial::InvalidTimestamp)),
-        }
+        self.decide(key, Now::secs(timestamp), cost)
     }
 
     /// As [`RedisLimiter::check_at`](crate::RedisLimiter::check_at),
@@ -192,10 +197,7 @@ impl BlockingRedisLimiter {
         at: Duration,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        match nanos_from_duration(at) {
-            Some(now) => self.decide(key, Now::At(now), cost),
-            None => Ok(Err(Denial::InvalidTimestamp)),
-        }
+        self.decide(key, Now::duration(at), cost)
     }
 
     /// As [`RedisLimiter::remaining`](crate::RedisLimiter::remaining),
@@ -205,11 +207,7 @@ impl BlockingRedisLimiter {
     ///
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub fn remaining(&self, key: &str, timestamp: f64) -> Result<Option<u64>, RedisLimiterError> {
-        let Some(now) = nanos_from_secs(timestamp) else {
-            return Ok(None);
-        };
-        let reply = self.run(key, Now::At(now), 0)?;
-        Ok(Some(self.settings.tokens(reply)))
+        Ok(self.decide(key, Now::secs(timestamp), 0)?.ok())
     }
 
     /// As [`RedisLimiter::allow_now`](crate::RedisLimiter::allow_now):
@@ -237,7 +235,7 @@ impl BlockingRedisLimiter {
         key: &str,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Now::Server, cost)
+        self.decide(key, Some(Now::Server), cost)
     }
 
     /// As [`RedisLimiter::remaining_now`](crate::RedisLimiter::remaining_now),
@@ -247,45 +245,42 @@ impl BlockingRedisLimiter {
     ///
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
-        Ok(self.settings.tokens(self.run(key, Now::Server, 0)?))
+        // Cost 0 at a valid time is always decided Ok(tokens).
+        Ok(self.decide(key, Some(Now::Server), 0)?.unwrap_or(0))
     }
 
-    fn decide(
-        &self,
-        key: &str,
-        now: Now,
-        cost: u64,
-    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        let spend = match self.settings.spend(cost) {
-            Ok(spend) => spend,
-            Err(denial) => return Ok(Err(denial)),
+    /// The one path of every call, as
+    /// [`RedisLimiter`](crate::RedisLimiter)'s, over the blocking connection.
+    fn decide(&self, key: &str, now: Option<Now>, cost: u64) -> Outcome {
+        let call = match self.settings.prepare(key, now, cost) {
+            Ok(call) => call,
+            Err(decided) => return Ok(decided),
         };
-        Ok(self.settings.decision(self.run(key, now, spend)?))
-    }
-
-    fn run(&self, key: &str, now: Now, spend: u64) -> Result<Reply, RedisLimiterError> {
-        let invocation = self.settings.invocation(key, now, spend);
+        let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.lock();
-        let connection = match &mut *slot {
-            Some(connection) => connection,
-            None => slot.insert(self.open()?),
-        };
-        match invocation.invoke::<Vec<i64>>(connection) {
-            Ok(answer) => parse(answer),
-            Err(err) => {
-                let err = RedisLimiterError::from(err);
-                // After a socket error or a timeout the connection may be
-                // broken or hold a late answer: start afresh next time.
-                if err.kind() != RedisErrorKind::Script {
-                    *slot = None;
-                }
-                Err(err)
-            }
+        let answer = match &mut *slot {
+            Some(connection) => Ok(connection),
+            None => self.open().map(|connection| slot.insert(connection)),
         }
+        .and_then(|connection| {
+            invocation
+                .invoke(connection)
+                .map_err(RedisLimiterError::from)
+        });
+        // After a socket error or a timeout the connection may be broken or
+        // hold a late answer: start afresh next time.
+        if answer
+            .as_ref()
+            .is_err_and(|err| err.kind() != RedisErrorKind::Script)
+        {
+            *slot = None;
+        }
+        drop(slot);
+        self.settings.finish(&call, answer)
     }
 
     fn open(&self) -> Result<Connection, RedisLimiterError> {
-        let timeout = self.settings.timeout.max(MIN_TIMEOUT);
+        let timeout = self.settings.timeout;
         let connection = self.client.get_connection_with_timeout(timeout)?;
         connection.set_read_timeout(Some(timeout))?;
         connection.set_write_timeout(Some(timeout))?;

@@ -1,117 +1,120 @@
 -- keyrate: one token-bucket decision, atomically, inside Redis.
 --
--- The same rule as keyrate's in-memory limiter (src/gcra.rs, `decide`): a
--- bucket is one number, `full_at`, the instant in nanoseconds at which it
--- holds `capacity` tokens again. A missing key is the word 0: full at every
--- timestamp. The caller (Rust) has already done every division: it passes
--- the refill a call uses (`spend`) and the refill of a full bucket
--- (`window`), both in whole nanoseconds, so this script only compares,
--- adds and subtracts.
+-- The rule is keyrate's (src/gcra.rs, `decide`): a bucket is one number,
+-- `full_at`, the instant in nanoseconds at which it holds `capacity` tokens
+-- again; a missing key is the word 0, full at every timestamp. Rust has done
+-- every division: it passes the refill this call uses (`spend`) and the
+-- slack `window - spend`, so that the call is admitted exactly when
+-- `full_at <= now + slack`, and the new word is `max(full_at, now) + spend`.
+-- The script returns the word it read; Rust then runs `gcra::decide` on it
+-- for the answer (tokens left, retry-after), and checks that both agree.
 --
 -- Redis's Lua numbers are doubles, exact only up to 2^53, and Unix-time
--- nanoseconds are about 1.7e18. Every quantity here is therefore a pair
--- (seconds, nanoseconds) with 0 <= nanoseconds < 1e9; seconds stay below
--- 2^35, so each limb and each sum of limbs is an exact double. The bucket
--- is stored as the exact decimal of `full_at` in nanoseconds, the very word
--- the in-memory limiter keeps.
+-- nanoseconds are about 1.7e18, so every quantity is a pair (seconds,
+-- nanoseconds), 0 <= nanoseconds < 1e9, seconds below 2^35: each limb and
+-- each sum of limbs is an exact double. The key holds the exact decimal of
+-- `full_at`. This script is written for few string operations and few
+-- Redis calls: they, not the arithmetic, are its cost.
 --
 -- KEYS[1]  the bucket key
 -- ARGV[1]  now, seconds part, or "time" to read Redis's own clock
--- ARGV[2]  now, nanoseconds part (0 ..= 999999999)
+-- ARGV[2]  now, nanoseconds part
 -- ARGV[3]  spend, seconds part; spend 0 only reads (cost 0, remaining)
 -- ARGV[4]  spend, nanoseconds part
--- ARGV[5]  window, seconds part
--- ARGV[6]  window, nanoseconds part
+-- ARGV[5]  slack (window - spend), seconds part
+-- ARGV[6]  slack, nanoseconds part
 -- ARGV[7]  the least TTL a written key gets, in milliseconds
 --
--- Returns {admitted (1 or 0), value seconds, value nanoseconds, now seconds,
--- now nanoseconds}: value is the bucket's word after an admission, and the
--- wait until the call would be admitted after a denial. A denial writes
--- nothing.
-
-local NS = 1000000000
-
-local function add(as, an, bs, bn)
-  local s, n = as + bs, an + bn
-  if n >= NS then
-    return s + 1, n - NS
-  end
-  return s, n
-end
-
--- a - b, for a >= b.
-local function sub(as, an, bs, bn)
-  local s, n = as - bs, an - bn
-  if n < 0 then
-    return s - 1, n + NS
-  end
-  return s, n
-end
-
-local function le(as, an, bs, bn)
-  return as < bs or (as == bs and an <= bn)
-end
-
-local function limb(arg)
-  local v = tonumber(arg)
-  if v == nil then
-    error({err = 'ERR keyrate: bad script argument ' .. tostring(arg)})
-  end
-  return v
-end
+-- With the caller's time, Rust may add its guess of the stored word (from
+-- its mirror, or '' for a missing key) and what to write if it is right:
+-- ARGV[8]  the word Rust expects ('' for a missing key)
+-- ARGV[9]  the new word, `gcra::decide` on the expected word
+-- ARGV[10] its TTL in milliseconds (the floor and the 1 ms minimum applied)
+-- When the key holds exactly ARGV[8], the script writes ARGV[9] with no
+-- arithmetic at all (the fast path); otherwise it decides below.
+--
+-- Returns {admitted (1 or 0), the word read ('' for a missing key), now
+-- seconds, now nanoseconds}, or {1, the word read} from the fast path. A
+-- denial writes nothing.
 
 local key = KEYS[1]
+local stored = redis.call('GET', key)
+if not stored then
+  stored = ''
+end
+local len = #stored
+
+if stored == ARGV[8] then
+  local ttl = tonumber(ARGV[10])
+  if len > 0 then
+    local old = redis.call('PTTL', key)
+    if old > ttl then
+      ttl = old
+    end
+  end
+  redis.call('SET', key, ARGV[9], 'PX', ttl)
+  return {1, stored}
+end
+
 local now_s, now_n
 if ARGV[1] == 'time' then
   -- Redis < 7 replicates scripts verbatim unless told to replicate their
-  -- effects, and refuses a write after TIME in that mode. Redis 7 always
-  -- replicates effects (this call is then a no-op).
-  if redis.replicate_commands then
+  -- effects, and refuses a write after TIME in that mode. Redis 7 (which
+  -- has REDIS_VERSION_NUM) always replicates effects.
+  if not redis.REDIS_VERSION_NUM then
     redis.replicate_commands()
   end
   local t = redis.call('TIME')
   now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
-  now_s, now_n = limb(ARGV[1]), limb(ARGV[2])
+  now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
 end
-local spend_s, spend_n = limb(ARGV[3]), limb(ARGV[4])
-local window_s, window_n = limb(ARGV[5]), limb(ARGV[6])
-local min_ttl = limb(ARGV[7])
 
--- The stored word, split into limbs without ever forming the whole number.
+-- The word, split into limbs without ever forming the whole number. A
+-- value that is not one is caught below before anything is written, and by
+-- Rust on every path.
 local full_s, full_n = 0, 0
-local stored = redis.call('GET', key)
-if stored then
-  if not string.find(stored, '^%d+$') or #stored > 20 then
-    return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
-  end
-  if #stored > 9 then
-    full_s = tonumber(string.sub(stored, 1, #stored - 9))
-    full_n = tonumber(string.sub(stored, -9))
-  else
-    full_n = tonumber(stored)
-  end
+if len > 9 then
+  full_s, full_n = tonumber(string.sub(stored, 1, len - 9)), tonumber(string.sub(stored, len - 8))
+elseif len > 0 then
+  full_n = tonumber(stored)
+end
+if not (full_s and full_n) then
+  return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
 end
 
--- Cost 0 (and `remaining`): report the word, change nothing.
+local spend_s, spend_n = tonumber(ARGV[3]), tonumber(ARGV[4])
 if spend_s == 0 and spend_n == 0 then
-  return {1, full_s, full_n, now_s, now_n}
+  return {1, stored, now_s, now_n}
 end
 
--- The refill the bucket lacks at `now` after this call: a full bucket
--- lacks nothing, however long it has been full.
-local miss_s, miss_n = 0, 0
-if not le(full_s, full_n, now_s, now_n) then
-  miss_s, miss_n = sub(full_s, full_n, now_s, now_n)
+-- Admitted exactly when full_at <= now + slack.
+local lim_s, lim_n = now_s + tonumber(ARGV[5]), now_n + tonumber(ARGV[6])
+if lim_n >= 1000000000 then
+  lim_s, lim_n = lim_s + 1, lim_n - 1000000000
 end
-miss_s, miss_n = add(miss_s, miss_n, spend_s, spend_n)
-
-if not le(miss_s, miss_n, window_s, window_n) then
-  local wait_s, wait_n = sub(miss_s, miss_n, window_s, window_n)
-  return {0, wait_s, wait_n, now_s, now_n}
+if full_s > lim_s or (full_s == lim_s and full_n > lim_n) then
+  return {0, stored, now_s, now_n}
+end
+if len > 20 or string.find(stored, '%D') then
+  return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
 end
 
-local new_s, new_n = add(now_s, now_n, miss_s, miss_n)
+-- The refill lacking after this call: spend, plus what the bucket already
+-- lacks at now (nothing when it is full).
+local miss_s, miss_n = spend_s, spend_n
+if full_s > now_s or (full_s == now_s and full_n > now_n) then
+  miss_s, miss_n = miss_s + full_s - now_s, miss_n + full_n - now_n
+  if miss_n < 0 then
+    miss_s, miss_n = miss_s - 1, miss_n + 1000000000
+  elseif miss_n >= 1000000000 then
+    miss_s, miss_n = miss_s + 1, miss_n - 1000000000
+  end
+end
+local new_s, new_n = now_s + miss_s, now_n + miss_n
+if new_n >= 1000000000 then
+  new_s, new_n = new_s + 1, new_n - 1000000000
+end
 local word
 if new_s == 0 then
   word = string.format('%d', new_n)
@@ -120,14 +123,15 @@ else
 end
 
 -- The key lives until the bucket is full again (rounded up to the
--- millisecond): then it is indistinguishable from a missing key. An
--- admission never brings an existing key's expiry closer (which only a
--- caller whose clock runs ahead of the others' could ask for).
+-- millisecond, at least 1 ms): then it is indistinguishable from a missing
+-- key. An admission never brings an existing key's expiry closer (which
+-- only a caller whose clock runs ahead of the others' could ask for).
 local ttl = miss_s * 1000 + math.ceil(miss_n / 1000000)
+local min_ttl = tonumber(ARGV[7])
 if ttl < min_ttl then
   ttl = min_ttl
 end
-if stored then
+if len > 0 then
   local old = redis.call('PTTL', key)
   if old > ttl then
     ttl = old
@@ -136,5 +140,5 @@ end
 if ttl < 1 then
   ttl = 1
 end
-redis.call('SET', key, word, 'PX', string.format('%d', ttl))
-return {1, new_s, new_n, now_s, now_n}
+redis.call('SET', key, word, 'PX', ttl)
+return {1, stored, now_s, now_n}

@@ -1,0 +1,245 @@
+//! Making and configuring a [`RedisLimiter`]: connecting, and the
+//! settings it carries (prefix, deadline, TTL floor, failure policy).
+
+use super::error::{FailurePolicy, RedisLimiterError};
+use super::limiter::RedisLimiter;
+use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
+use crate::gcra::Quota;
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use std::time::Duration;
+
+impl RedisLimiter<ConnectionManager> {
+    /// Connects to the Redis at `url` (such as `redis://127.0.0.1:6379`)
+    /// through a [`ConnectionManager`] that reconnects by itself after a
+    /// lost connection.
+    ///
+    /// Each connection attempt and each answer times out after
+    /// [`DEFAULT_REDIS_TIMEOUT`]; a failed attempt is retried 3 times with
+    /// exponential backoff before this returns an error. Use
+    /// [`with_connection`](Self::with_connection) to configure the
+    /// connection yourself.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisErrorKind::Config`](crate::RedisErrorKind::Config) for a URL that is not a Redis URL;
+    /// [`RedisErrorKind::Unavailable`](crate::RedisErrorKind::Unavailable) or [`RedisErrorKind::Timeout`](crate::RedisErrorKind::Timeout)
+    /// when no server answers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(10.0, 20)?).await?;
+    /// assert_eq!(limiter.quota().capacity(), 20);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str, quota: Quota) -> Result<Self, RedisLimiterError> {
+        let client = ::redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(DEFAULT_REDIS_TIMEOUT)
+            .set_response_timeout(DEFAULT_REDIS_TIMEOUT)
+            .set_number_of_retries(3)
+            .set_max_delay(1000);
+        let connection = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Self::with_connection(connection, quota))
+    }
+}
+
+impl<C> RedisLimiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Makes a limiter over a connection of your choice: a
+    /// [`ConnectionManager`] with your own settings, a multiplexed
+    /// connection, or a Redis Cluster connection (each call touches one
+    /// key, so one hash slot).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let client = redis::Client::open(url.as_str())?;
+    /// let connection = client.get_multiplexed_async_connection().await?;
+    /// let limiter = RedisLimiter::with_connection(connection, Quota::new(1.0, 3)?);
+    /// assert_eq!(limiter.remaining_now("never-seen").await?, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_connection(connection: C, quota: Quota) -> Self {
+        RedisLimiter {
+            settings: Settings::new(quota),
+            connection,
+        }
+    }
+
+    /// Sets the prefix of every bucket's Redis key (default
+    /// [`DEFAULT_REDIS_PREFIX`](crate::DEFAULT_REDIS_PREFIX)). On Redis Cluster a prefix such as
+    /// `"{tenant7}:"` puts every bucket of the limiter in one hash slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_prefix("rl:tts:");
+    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:sk_live_1");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.set_prefix(prefix.into());
+        self
+    }
+
+    /// Sets the deadline of each call (default [`DEFAULT_REDIS_TIMEOUT`]); a call
+    /// without an answer by then fails with [`RedisErrorKind::Timeout`](crate::RedisErrorKind::Timeout).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_timeout(Duration::from_millis(50));
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.set_timeout(timeout);
+        self
+    }
+
+    /// Sets a floor under every written key's TTL (default none: the TTL
+    /// is exactly the time until the bucket is full again).
+    ///
+    /// Redis expires keys on its own clock, while the TTL is computed on
+    /// the caller's timeline. A writer whose clock runs `d` ahead of the
+    /// others sets TTLs `d` too short, and made-up timestamps (a
+    /// simulation, a test) may not advance in real time at all: a key could
+    /// then expire before the callers' timeline reaches the instant its
+    /// bucket is full, refilling it early. A floor above the clocks' largest
+    /// disagreement (or longer than such a run) prevents that. A longer TTL never changes a decision,
+    /// it only keeps idle keys longer. The floor is capped at about 292
+    /// years.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_min_ttl(Duration::from_secs(3600));
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.settings.set_min_ttl(min_ttl);
+        self
+    }
+
+    /// Sets how many bucket keys the local deny mirror remembers (default
+    /// 65,536); 0 turns the mirror off, so that every call asks Redis.
+    ///
+    /// The mirror keeps, per key, the word Redis last showed this limiter
+    /// (and its clones): Redis's word only grows, so a call that this lower
+    /// bound already denies is denied without a round trip, with the same
+    /// decision Redis would make. Only calls the bound admits go to Redis.
+    /// With the caller's timestamps the decisions are exactly those of the
+    /// mirror-off limiter (a local denial's `retry_after` is a lower bound
+    /// of Redis's when other processes spend the same key). With Redis's
+    /// clock (`*_now`) the mirror estimates that clock from earlier
+    /// replies, from above: it may deny a call that would have reached
+    /// Redis up to one round trip later and been admitted, never more. A
+    /// local denial needs no Redis, so it stays a denial while Redis is
+    /// down, whatever the [`FailurePolicy`](crate::FailurePolicy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let every_call_asks_redis = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_mirror_capacity(0);
+    /// # let _ = every_call_asks_redis;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_mirror_capacity(mut self, capacity: usize) -> Self {
+        self.settings.set_mirror_capacity(capacity);
+        self
+    }
+
+    /// Sets what [`allow`](Self::allow) and the other boolean calls answer
+    /// when Redis cannot decide (default [`FailurePolicy::Closed`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{FailurePolicy, Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_failure_policy(FailurePolicy::Open);
+    /// assert_eq!(limiter.failure_policy(), FailurePolicy::Open);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.settings.failure_policy = policy;
+        self
+    }
+
+    /// The quota every key's bucket follows.
+    #[must_use]
+    pub fn quota(&self) -> &Quota {
+        &self.settings.quota
+    }
+
+    /// The policy applied by the boolean calls when Redis cannot decide.
+    #[must_use]
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.settings.failure_policy
+    }
+
+    /// The Redis key that holds `key`'s bucket: the prefix, then the key.
+    /// Its value is the bucket's word: the Unix-or-caller-timeline instant,
+    /// in nanoseconds, at which the bucket is full again.
+    #[must_use]
+    pub fn bucket_key(&self, key: &str) -> String {
+        self.settings.bucket_key(key)
+    }
+}

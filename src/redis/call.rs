@@ -1,0 +1,130 @@
+//! The core both front ends share, with no I/O: prepare a call (or decide
+//! it without Redis), then finish it from Redis's answer. The async
+//! [`RedisLimiter`](crate::RedisLimiter) and the blocking
+//! [`BlockingRedisLimiter`](crate::BlockingRedisLimiter) only carry the
+//! prepared call to Redis and its answer back.
+
+use super::error::RedisLimiterError;
+use super::script::{self, Guess, Now};
+use super::settings::Settings;
+use crate::error::Denial;
+use crate::gcra;
+use ::redis::{ScriptInvocation, Value};
+
+/// What every checking call returns: Redis's failure, or the decision.
+pub(super) type Outcome = Result<Result<u64, Denial>, RedisLimiterError>;
+
+/// One call that needs Redis.
+#[derive(Debug)]
+pub(super) struct Call {
+    key: String,
+    now: Now,
+    cost: u64,
+    /// Nanoseconds of refill the call uses up; 0 only reads.
+    spend: u64,
+    /// The script's fast path, with the caller's time.
+    guess: Option<Guess>,
+    /// The local instant the call was prepared, for the mirror's estimate
+    /// of Redis's clock.
+    sent: u64,
+}
+
+impl Settings {
+    /// The call to make for `cost` tokens of `key` at `now`, or the
+    /// decision made without Redis: an invalid timestamp, a cost above the
+    /// capacity, or a denial by the mirror's bound.
+    pub(super) fn prepare(
+        &self,
+        key: &str,
+        now: Option<Now>,
+        cost: u64,
+    ) -> Result<Call, Result<u64, Denial>> {
+        let Some(now) = now else {
+            return Err(Err(Denial::InvalidTimestamp));
+        };
+        let spend = gcra::spend_for(cost, &self.quota).map_err(Err)?;
+        let key = self.bucket_key(key);
+        let mut bound = None;
+        let mut sent = 0;
+        if let Some(mirror) = &self.mirror {
+            sent = mirror.local_now();
+            bound = mirror.bound(&key);
+            let at = match now {
+                Now::At(ns) => Some(ns),
+                // An overestimate of Redis's clock: the bound denies
+                // locally only what Redis would deny at that instant.
+                Now::Server => mirror.server_now(),
+            };
+            if let (Some(at), Some(bound)) = (at, bound) {
+                // The real word is at least the bound: a denial here is
+                // Redis's denial too.
+                gcra::decide(bound, at, cost, &self.quota).map_err(Err)?;
+            }
+        }
+        let mut guess = None;
+        if let Now::At(ns) = now {
+            if spend > 0 {
+                let expected = bound.unwrap_or(0);
+                if let Ok(word) = gcra::decide(expected, ns, cost, &self.quota) {
+                    guess = Some(Guess::new(expected, word, ns, self.min_ttl_ms));
+                }
+            }
+        }
+        Ok(Call {
+            key,
+            now,
+            cost,
+            spend,
+            guess,
+            sent,
+        })
+    }
+
+    /// The script invocation that carries `call` to Redis.
+    pub(super) fn invocation(&self, call: &Call) -> ScriptInvocation<'_> {
+        let mut invocation = self.script.key(&call.key);
+        script::arguments(
+            &mut invocation,
+            call.now,
+            call.spend,
+            self.quota.window(),
+            self.min_ttl_ms,
+            call.guess,
+        );
+        invocation
+    }
+
+    /// The outcome of `call` from Redis's `answer`: `gcra::decide` on the
+    /// word the script read, at the instant it decided, which must agree
+    /// with what the script did. The mirror learns the word Redis now
+    /// holds.
+    pub(super) fn finish(&self, call: &Call, answer: Result<Value, RedisLimiterError>) -> Outcome {
+        let at = match call.now {
+            Now::At(ns) => Some(ns),
+            Now::Server => None,
+        };
+        let reply = script::parse(&call.key, &answer?, at)?;
+        let decision = gcra::decide(reply.full_at, reply.now, call.cost, &self.quota);
+        if decision.is_ok() != reply.admitted {
+            return Err(RedisLimiterError::reply(
+                "the script and gcra::decide disagree on the word it read",
+            ));
+        }
+        if let Some(mirror) = &self.mirror {
+            if at.is_none() {
+                mirror.saw_server_time(reply.now, call.sent);
+            }
+            let word = decision.unwrap_or(reply.full_at).max(reply.full_at);
+            mirror.raise(&call.key, word, reply.now);
+        }
+        Ok(decision.map(|word| gcra::tokens_at(word, reply.now, &self.quota)))
+    }
+
+    /// Whether a boolean call admits: the decision, or the failure policy.
+    pub(super) fn admits(&self, outcome: Outcome) -> bool {
+        match outcome {
+            Ok(decision) => decision.is_ok(),
+            Err(_) => self.failure_policy.admits(),
+        }
+    }
+}

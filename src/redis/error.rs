@@ -1,0 +1,217 @@
+//! The failure policy and the typed errors of the Redis limiters.
+
+use ::redis::{ErrorKind, RedisError};
+use std::fmt;
+use std::time::Duration;
+
+/// What [`RedisLimiter::allow`](crate::RedisLimiter::allow) and [`RedisLimiter::allow_n`](crate::RedisLimiter::allow_n) answer when
+/// Redis cannot: admit everything (open) or nothing (closed).
+///
+/// The checking calls ([`RedisLimiter::check`](crate::RedisLimiter::check) and friends) never apply a
+/// policy: they return the [`RedisLimiterError`] for the caller to decide.
+///
+/// A call that the local deny mirror denies never reaches Redis, so it
+/// stays a denial while Redis is down, under either policy: the policy
+/// answers only calls that needed Redis (see
+/// [`RedisLimiter::with_mirror_capacity`](crate::RedisLimiter::with_mirror_capacity)).
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::FailurePolicy;
+///
+/// assert_eq!(FailurePolicy::default(), FailurePolicy::Closed);
+/// assert!(FailurePolicy::Open.admits());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Admit calls while Redis is unreachable: availability over limits.
+    Open,
+    /// Deny calls while Redis is unreachable: limits over availability.
+    #[default]
+    Closed,
+}
+
+impl FailurePolicy {
+    /// Whether a call that could not be decided is admitted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::FailurePolicy;
+    ///
+    /// assert!(!FailurePolicy::Closed.admits());
+    /// ```
+    #[must_use]
+    pub fn admits(self) -> bool {
+        self == FailurePolicy::Open
+    }
+}
+
+/// What kind of failure a [`RedisLimiterError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RedisErrorKind {
+    /// Redis could not be reached: connection refused or lost, server
+    /// loading, failing over or cluster down. The call was not applied,
+    /// unless the connection broke after the script ran.
+    Unavailable,
+    /// No answer within the limiter's timeout. The script may or may not
+    /// have run (it is atomic either way: all of it or nothing).
+    Timeout,
+    /// Redis ran the call and answered with an error: the script failed,
+    /// the key holds a value that is not a keyrate bucket, out of memory.
+    /// Nothing was written.
+    Script,
+    /// Redis answered something the script never returns.
+    Reply,
+    /// The connection could not be configured: a bad URL, or refused
+    /// credentials.
+    Config,
+}
+
+/// A call that Redis did not decide, and why. Never a panic.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::{Quota, RedisErrorKind, RedisLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let err = RedisLimiter::connect("not a url", Quota::new(1.0, 1).unwrap())
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.kind(), RedisErrorKind::Config);
+/// println!("{err}");
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct RedisLimiterError {
+    kind: RedisErrorKind,
+    message: String,
+    source: Option<RedisError>,
+}
+
+impl RedisLimiterError {
+    /// The kind of failure.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, RedisErrorKind, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let quota = Quota::new(1.0, 1).unwrap();
+    /// let err = RedisLimiter::connect("ftp://127.0.0.1", quota).await.unwrap_err();
+    /// assert_eq!(err.kind(), RedisErrorKind::Config);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn kind(&self) -> RedisErrorKind {
+        self.kind
+    }
+
+    pub(super) fn timeout(after: Duration) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Timeout,
+            message: format!("no answer from Redis within {after:?}"),
+            source: None,
+        }
+    }
+
+    pub(super) fn foreign(key: &str) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Script,
+            message: format!("bucket key {key} does not hold a keyrate word"),
+            source: None,
+        }
+    }
+
+    pub(super) fn reply(what: &str) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Reply,
+            message: format!("unexpected reply from the keyrate script: {what}"),
+            source: None,
+        }
+    }
+}
+
+impl From<RedisError> for RedisLimiterError {
+    fn from(err: RedisError) -> Self {
+        let kind = if err.is_timeout() {
+            RedisErrorKind::Timeout
+        } else if err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || matches!(
+                err.kind(),
+                ErrorKind::BusyLoadingError
+                    | ErrorKind::TryAgain
+                    | ErrorKind::ClusterDown
+                    | ErrorKind::MasterDown
+                    | ErrorKind::ReadOnly
+                    | ErrorKind::ClusterConnectionNotFound
+            )
+        {
+            RedisErrorKind::Unavailable
+        } else if matches!(
+            err.kind(),
+            ErrorKind::InvalidClientConfig | ErrorKind::AuthenticationFailed
+        ) {
+            RedisErrorKind::Config
+        } else if matches!(err.kind(), ErrorKind::TypeError | ErrorKind::ParseError) {
+            RedisErrorKind::Reply
+        } else {
+            RedisErrorKind::Script
+        };
+        RedisLimiterError {
+            kind,
+            message: err.to_string(),
+            source: Some(err),
+        }
+    }
+}
+
+impl fmt::Display for RedisLimiterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            RedisErrorKind::Unavailable => "Redis unavailable",
+            RedisErrorKind::Timeout => "Redis timed out",
+            RedisErrorKind::Script => "Redis script error",
+            RedisErrorKind::Reply => "bad Redis reply",
+            RedisErrorKind::Config => "Redis configuration error",
+        };
+        write!(f, "{what}: {}", self.message)
+    }
+}
+
+impl std::error::Error for RedisLimiterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|err| err as &(dyn std::error::Error + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classified() {
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(
+            RedisLimiterError::from(io).kind(),
+            RedisErrorKind::Unavailable
+        );
+        let script = RedisError::from((ErrorKind::ResponseError, "ERR boom"));
+        let err = RedisLimiterError::from(script);
+        assert_eq!(err.kind(), RedisErrorKind::Script);
+        assert!(std::error::Error::source(&err).is_some());
+        let timeout = RedisLimiterError::timeout(Duration::from_millis(5));
+        assert_eq!(timeout.kind(), RedisErrorKind::Timeout);
+        assert!(timeout.to_string().contains("5ms"));
+    }
+}

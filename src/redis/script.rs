@@ -1,0 +1,209 @@
+//! The decision script (`bucket.lua`): its arguments and its reply.
+
+use super::error::RedisLimiterError;
+use crate::time::{nanos_from_duration, nanos_from_secs};
+use ::redis::{ScriptInvocation, Value};
+use std::time::Duration;
+
+/// The decision script; Redis caches it by its SHA-1.
+pub(super) const BUCKET_SCRIPT: &str = include_str!("bucket.lua");
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// Where "now" comes from for one call.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Now {
+    /// The caller's timestamp, validated nanoseconds.
+    At(u64),
+    /// Redis's `TIME`, read inside the script.
+    Server,
+}
+
+impl Now {
+    /// The caller's `f64` seconds, or `None` when invalid.
+    pub(super) fn secs(timestamp: f64) -> Option<Now> {
+        nanos_from_secs(timestamp).map(Now::At)
+    }
+
+    /// The caller's exact timestamp, or `None` when out of range.
+    pub(super) fn duration(at: Duration) -> Option<Now> {
+        nanos_from_duration(at).map(Now::At)
+    }
+}
+
+/// The script's answer: what it did, the word it read, and when.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reply {
+    pub(super) admitted: bool,
+    /// The bucket's word before the call (0 for a missing key).
+    pub(super) full_at: u64,
+    /// The instant the script decided at.
+    pub(super) now: u64,
+}
+
+/// Splits nanoseconds into the script's `(seconds, nanoseconds)` limbs.
+fn limbs(ns: u64) -> (u64, u64) {
+    (ns / NANOS_PER_SEC, ns % NANOS_PER_SEC)
+}
+
+/// Joins the script's limbs into nanoseconds, if they form a `u64`.
+fn join(secs: i64, nanos: i64) -> Option<u64> {
+    let secs = u64::try_from(secs).ok()?;
+    let nanos = u64::try_from(nanos).ok().filter(|&n| n < NANOS_PER_SEC)?;
+    secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)
+}
+
+/// Adds the script's arguments for one call at `now` spending `spend` ns
+/// of refill, on a bucket whose full refill is `window` ns.
+pub(super) fn arguments(
+    invocation: &mut ScriptInvocation<'_>,
+    now: Now,
+    spend: u64,
+    window: u64,
+    min_ttl_ms: u64,
+    guess: Option<Guess>,
+) {
+    match now {
+        Now::At(ns) => {
+            let (secs, nanos) = limbs(ns);
+            invocation.arg(secs).arg(nanos);
+        }
+        Now::Server => {
+            invocation.arg("time").arg(0);
+        }
+    }
+    let (spend_secs, spend_nanos) = limbs(spend);
+    // spend <= window (gcra::spend_for checked the cost): admitted exactly
+    // when full_at <= now + slack.
+    let (slack_secs, slack_nanos) = limbs(window - spend);
+    invocation
+        .arg(spend_secs)
+        .arg(spend_nanos)
+        .arg(slack_secs)
+        .arg(slack_nanos)
+        .arg(min_ttl_ms);
+    if let Some(guess) = guess {
+        match guess.expected {
+            0 => invocation.arg(""),
+            word => invocation.arg(word),
+        };
+        invocation.arg(guess.word).arg(guess.ttl_ms);
+    }
+}
+
+/// What the script writes, with no arithmetic, if the key holds `expected`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Guess {
+    /// The word Rust expects the key to hold (0: no key).
+    pub(super) expected: u64,
+    /// `gcra::decide` on `expected`: the word to write.
+    pub(super) word: u64,
+    /// The key's TTL: the time from `now` until `word`, in whole
+    /// milliseconds rounded up, at least the floor and at least 1 ms.
+    pub(super) ttl_ms: u64,
+}
+
+impl Guess {
+    pub(super) fn new(expected: u64, word: u64, now: u64, min_ttl_ms: u64) -> Self {
+        let missing = word.saturating_sub(now);
+        let ttl_ms = missing.div_ceil(1_000_000).max(min_ttl_ms).max(1);
+        Guess {
+            expected,
+            word,
+            ttl_ms,
+        }
+    }
+}
+
+/// The word a bucket key holds: the decimal of a `u64`, digits only, as
+/// the script and every earlier version write it; `""` for a missing key.
+pub(super) fn word(stored: &str) -> Option<u64> {
+    if stored.is_empty() {
+        return Some(0);
+    }
+    if !stored.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stored.parse().ok()
+}
+
+/// The script's answer as a [`Reply`], or why it is not one. `now` is
+/// the caller's timestamp, if the call had one.
+pub(super) fn parse(
+    key: &str,
+    answer: &Value,
+    now: Option<u64>,
+) -> Result<Reply, RedisLimiterError> {
+    let shape = || RedisLimiterError::reply("expected [admitted, word, secs, nanos]");
+    let Value::Array(items) = answer else {
+        return Err(shape());
+    };
+    let (admitted, stored, server_now) = match &items[..] {
+        [admitted, stored] => (admitted, stored, None),
+        [admitted, stored, secs, nanos] => (admitted, stored, Some((secs, nanos))),
+        _ => return Err(shape()),
+    };
+    let admitted: i64 = ::redis::from_redis_value(admitted).map_err(|_| shape())?;
+    let stored: String = ::redis::from_redis_value(stored).map_err(|_| shape())?;
+    let full_at = word(&stored).ok_or_else(|| RedisLimiterError::foreign(key))?;
+    let now = match (now, server_now) {
+        (Some(now), _) => now,
+        (None, Some((secs, nanos))) => {
+            let secs: i64 = ::redis::from_redis_value(secs).map_err(|_| shape())?;
+            let nanos: i64 = ::redis::from_redis_value(nanos).map_err(|_| shape())?;
+            join(secs, nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?
+        }
+        (None, None) => return Err(shape()),
+    };
+    Ok(Reply {
+        admitted: admitted == 1,
+        full_at,
+        now,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::MAX_TIMESTAMP_NANOS;
+
+    #[test]
+    fn limbs_round_trip_across_the_whole_range() {
+        for ns in [
+            0,
+            1,
+            999_999_999,
+            1_000_000_000,
+            1_700_000_000_123_456_789,
+            MAX_TIMESTAMP_NANOS,
+            u64::MAX,
+        ] {
+            let (s, n) = limbs(ns);
+            assert!(n < NANOS_PER_SEC);
+            // Each limb is exact in a Lua double.
+            assert!(s < 1 << 35);
+            assert_eq!(join(s as i64, n as i64), Some(ns));
+        }
+        assert_eq!(join(-1, 0), None);
+        assert_eq!(join(0, 1_000_000_000), None);
+        assert_eq!(join(0, -1), None);
+        assert_eq!(join(i64::MAX, 0), None);
+    }
+
+    #[test]
+    fn words_are_plain_decimals() {
+        assert_eq!(word(""), Some(0));
+        assert_eq!(word("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "18446744073709551616",
+            "+1",
+            "-1",
+            " 1",
+            "1e5",
+            "0x10",
+            "not a word",
+        ] {
+            assert_eq!(word(bad), None, "{bad}");
+        }
+    }
+}

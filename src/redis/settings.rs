@@ -1,0 +1,94 @@
+//! What the async and the blocking limiter share: the quota, the script,
+//! the key layout, the deadline and the failure policy.
+
+use super::error::FailurePolicy;
+use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
+use super::script::BUCKET_SCRIPT;
+use crate::gcra::Quota;
+use crate::time::MAX_TIMESTAMP_NANOS;
+use ::redis::Script;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The key prefix used unless [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix) sets another.
+///
+/// [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix): crate::RedisLimiter::with_prefix
+pub const DEFAULT_REDIS_PREFIX: &str = "keyrate:";
+
+/// The per-call deadline used unless [`RedisLimiter::with_timeout`](crate::RedisLimiter::with_timeout) sets
+/// another.
+///
+/// [`RedisLimiter::with_timeout`](crate::RedisLimiter::with_timeout): crate::RedisLimiter::with_timeout
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The shortest deadline a limiter accepts: a socket refuses a zero
+/// timeout, and a zero deadline would fail every call.
+const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// The settings of one limiter, cloned with it.
+#[derive(Clone)]
+pub(super) struct Settings {
+    pub(super) quota: Quota,
+    pub(super) script: Arc<Script>,
+    pub(super) prefix: Arc<str>,
+    /// The deadline of one call, at least [`MIN_TIMEOUT`].
+    pub(super) timeout: Duration,
+    /// The least TTL of a written key, in milliseconds.
+    pub(super) min_ttl_ms: u64,
+    pub(super) failure_policy: FailurePolicy,
+    /// The local deny mirror, shared by clones; `None` when turned off.
+    pub(super) mirror: Option<Arc<Mirror>>,
+}
+
+impl Settings {
+    pub(super) fn new(quota: Quota) -> Self {
+        Settings {
+            quota,
+            script: Arc::new(Script::new(BUCKET_SCRIPT)),
+            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            min_ttl_ms: 0,
+            failure_policy: FailurePolicy::default(),
+            mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
+        }
+    }
+
+    pub(super) fn set_prefix(&mut self, prefix: String) {
+        self.prefix = Arc::from(prefix);
+    }
+
+    pub(super) fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout.max(MIN_TIMEOUT);
+    }
+
+    pub(super) fn set_min_ttl(&mut self, min_ttl: Duration) {
+        let cap = MAX_TIMESTAMP_NANOS / 1_000_000;
+        self.min_ttl_ms = u64::try_from(min_ttl.as_millis()).map_or(cap, |ms| ms.min(cap));
+    }
+
+    /// A fresh mirror of `capacity` bounds, or none for 0.
+    pub(super) fn set_mirror_capacity(&mut self, capacity: usize) {
+        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity)));
+    }
+
+    pub(super) fn bucket_key(&self, key: &str) -> String {
+        let mut out = String::with_capacity(self.prefix.len() + key.len());
+        out.push_str(&self.prefix);
+        out.push_str(key);
+        out
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("quota", &self.quota)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("min_ttl_ms", &self.min_ttl_ms)
+            .field("failure_policy", &self.failure_policy)
+            .field("mirror", &self.mirror)
+            .finish()
+    }
+}

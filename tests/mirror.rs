@@ -1,0 +1,199 @@
+//! The local deny mirror against a real Redis: the same decisions as the
+//! mirror-off limiter with the caller's timestamps (several limiters, one
+//! Redis, random keys, costs and timestamps, backwards time included), and
+//! with Redis's clock never an admission Redis would refuse.
+//!
+//! Needs `KEYRATE_REDIS_URL` (see `redis_support`).
+#![cfg(not(loom))]
+
+mod redis_support;
+
+use keyrate::{Denial, Quota, RedisLimiter};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis_support::{unique_prefix, url, TEST_TIMEOUT};
+use std::time::{Duration, Instant};
+
+const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
+
+/// `n` limiters over their own connections, sharing `prefix`, with the
+/// mirror of `capacity` bounds (0: off).
+async fn limiters(
+    url: &str,
+    quota: Quota,
+    prefix: &str,
+    n: usize,
+    capacity: usize,
+) -> Vec<RedisLimiter> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let limiter = RedisLimiter::connect(url, quota)
+            .await
+            .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
+            .with_prefix(prefix)
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(TEST_TIMEOUT)
+            .with_mirror_capacity(capacity);
+        out.push(limiter);
+    }
+    out
+}
+
+/// One call: which limiter, which key, the step of time, the cost.
+type Op = (usize, usize, u64, u64);
+
+fn ops(capacity: u64) -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        (0..3usize, 0..3usize, any::<u64>(), 0..=capacity + 1),
+        1..80,
+    )
+}
+
+/// Each op runs on limiter `i` of the mirrored set and of the mirror-off
+/// set (two prefixes, so two copies of every bucket on one Redis).
+async fn differential(
+    url: &str,
+    quota: Quota,
+    ops: Vec<Op>,
+    mirror_capacity: usize,
+) -> Result<(), TestCaseError> {
+    let mirrored = limiters(url, quota, &unique_prefix("mirror_on"), 3, mirror_capacity).await;
+    let plain = limiters(url, quota, &unique_prefix("mirror_off"), 3, 0).await;
+    let interval = quota.refill_time().as_nanos() as u64 / quota.capacity();
+    let mut now = EPOCH_UNIX;
+    for (i, key, step, cost) in ops {
+        // Mostly forwards, sometimes still, sometimes backwards.
+        now = match step % 5 {
+            0 => now,
+            1 => now + 1,
+            2 => now + (step / 5) % (2 * interval + 1),
+            3 => now - (step / 5) % (interval + 1),
+            _ => now + (step / 5) % (interval / 3 + 1),
+        };
+        let at = Duration::from_nanos(now);
+        let key = format!("k{key}");
+        let want = plain[i]
+            .check_at(&key, at, cost)
+            .await
+            .expect("Redis answers");
+        let got = mirrored[i]
+            .check_at(&key, at, cost)
+            .await
+            .expect("Redis answers");
+        match (got, want) {
+            (
+                Err(Denial::InsufficientTokens { retry_after: local }),
+                Err(Denial::InsufficientTokens { retry_after: redis }),
+            ) => {
+                // Exact when this limiter is the key's only writer; a lower
+                // bound when the other limiters spent it meanwhile.
+                prop_assert!(local <= redis, "retry-after {:?} > {:?}", local, redis);
+            }
+            (got, want) => prop_assert_eq!(
+                got,
+                want,
+                "limiter {} key {} cost {} at {}",
+                i,
+                key,
+                cost,
+                now
+            ),
+        }
+    }
+    Ok(())
+}
+
+fn run_differential(mirror_capacity: usize) {
+    let Some(url) = url() else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let quotas = [(1.0, 3), (3.0, 5), (1e6, 4), (0.5, 1)];
+    let strategy = (0..quotas.len()).prop_flat_map(move |q| {
+        let (rate, capacity) = quotas[q];
+        (Just(rate), Just(capacity), ops(capacity))
+    });
+    let result = runner.run(&strategy, |(rate, capacity, ops)| {
+        let quota = Quota::new(rate, capacity).unwrap();
+        runtime.block_on(differential(&url, quota, ops, mirror_capacity))
+    });
+    if let Err(err) = result {
+        panic!("{err}");
+    }
+}
+
+#[test]
+fn the_mirror_decides_as_redis_alone() {
+    run_differential(65_536);
+}
+
+#[test]
+fn a_tiny_mirror_evicts_and_still_decides_as_redis_alone() {
+    // Two bounds for three keys: bounds are dropped or not kept.
+    run_differential(2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
+    let Some(url) = url() else {
+        return;
+    };
+    // One token per 1024 s: nothing refills during the test, so a call is
+    // admitted exactly when the bucket still holds a token in Redis.
+    let slow = Quota::new(1.0 / 1024.0, 3).unwrap();
+    let prefix = unique_prefix("mirror_now");
+    let mirrored = limiters(&url, slow, &prefix, 1, 1024).await.remove(0);
+    let other = limiters(&url, slow, &prefix, 1, 0).await.remove(0);
+    assert_eq!(mirrored.check_now("k", 1).await.unwrap(), Ok(2));
+    // Another process spends behind the mirror's back: its bound is stale
+    // (too low), so it asks Redis, which denies, and learns the word.
+    assert_eq!(other.check_now("k", 2).await.unwrap(), Ok(0));
+    assert!(mirrored.check_now("k", 1).await.unwrap().is_err());
+    for _ in 0..100 {
+        let denial = mirrored.check_now("k", 1).await.unwrap().unwrap_err();
+        assert!(denial.retry_after().unwrap() > Duration::from_secs(1000));
+        assert_eq!(other.remaining_now("k").await.unwrap(), 0, "Redis agrees");
+    }
+
+    // A fast quota hammered from two tasks for a while: the mirrored
+    // limiter admits no more than Redis's clock allows over the run
+    // (capacity plus the refill of the elapsed time, measured around it).
+    let rate = 2000.0;
+    let fast = Quota::new(rate, 5).unwrap();
+    let prefix = unique_prefix("mirror_now_fast");
+    let mirrored = limiters(&url, fast, &prefix, 1, 1024).await.remove(0);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let limiter = mirrored.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u64;
+            let until = Instant::now() + Duration::from_millis(300);
+            while Instant::now() < until {
+                if limiter.check_now("hot", 1).await.unwrap().is_ok() {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let most = 5 + (elapsed * rate).ceil() as u64 + 1;
+    assert!(
+        admitted <= most,
+        "admitted {admitted}, Redis allows at most {most}"
+    );
+    assert!(admitted > 0);
+}
