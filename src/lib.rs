@@ -56,6 +56,7 @@ mod hot;
 mod keyed;
 #[cfg(feature = "tower")]
 pub mod layer;
+mod live_quota;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_api;

@@ -130,11 +130,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// use keyrate::{Denial, TokenBucketLimiter};
     /// use std::time::Duration;
     ///
-    /// let limiter = TokenBucketLimiter::new(100.0, 2); // a token every 10 ms
-    /// assert_eq!(limiter.wait_blocking("k", 2, Duration::ZERO), Ok(0));
+    /// let limiter = TokenBucketLimiter::new(100.0, 1); // a token every 10 ms
+    /// assert_eq!(limiter.wait_blocking("k", 1, Duration::ZERO), Ok(0));
     /// assert_eq!(limiter.wait_blocking("k", 1, Duration::from_secs(1)), Ok(0)); // ~10 ms
     /// assert!(matches!(
-    ///     limiter.wait_blocking("k", 3, Duration::from_secs(1)),
+    ///     limiter.wait_blocking("k", 2, Duration::from_secs(1)),
     ///     Err(Denial::ExceedsCapacity { .. }) // at once
     /// ));
     /// ```

@@ -11,6 +11,7 @@ mod common;
 mod redis_support;
 
 use common::model::{as_secs, Model, Outcome};
+use common::plans::{Outcome as PlanOutcome, Plan, PlanModel};
 use keyrate::{BlockingRedisLimiter, Denial, Quota, RedisLimiter, TokenBucketLimiter};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -22,6 +23,14 @@ trait Backend: Sized {
     /// A fresh backend with no buckets, or `None` to skip.
     async fn new(quota: Quota) -> Option<Self>;
     async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial>;
+    /// `check` under `quota` instead of the default one.
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial>;
     async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool;
     async fn remaining(&self, key: &str, timestamp: f64) -> Option<u64>;
     /// How many buckets exist.
@@ -36,6 +45,15 @@ impl Backend for Memory {
     }
     async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
         self.0.check(key, timestamp, cost)
+    }
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial> {
+        self.0.under(quota).check(key, timestamp, cost)
     }
     async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
         self.0.allow_n(key, timestamp, cost)
@@ -73,6 +91,19 @@ impl Backend for Redis {
             .await
             .unwrap_or_else(|err| panic!("Redis failed: {err}"))
     }
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial> {
+        self.limiter
+            .under(quota)
+            .check(key, timestamp, cost)
+            .await
+            .unwrap_or_else(|err| panic!("Redis failed: {err}"))
+    }
     async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
         self.limiter.allow_n(key, timestamp, cost).await
     }
@@ -101,6 +132,15 @@ impl Backend for RedisNoMirror {
     }
     async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
         self.0.check(key, timestamp, cost).await
+    }
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial> {
+        self.0.check_under(key, timestamp, cost, quota).await
     }
     async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
         self.0.allow_n(key, timestamp, cost).await
@@ -138,6 +178,16 @@ impl Backend for Blocking {
     }
     async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
         tokio::task::block_in_place(|| self.limiter.check(key, timestamp, cost))
+            .unwrap_or_else(|err| panic!("Redis failed: {err}"))
+    }
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial> {
+        tokio::task::block_in_place(|| self.limiter.under(quota).check(key, timestamp, cost))
             .unwrap_or_else(|err| panic!("Redis failed: {err}"))
     }
     async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
@@ -371,6 +421,77 @@ async fn whole_bursts<B: Backend>() {
     }
 }
 
+/// Plans for the quota-change case: whole and fractional intervals.
+const PLANS: &[Plan] = &[
+    Plan {
+        num: 1,
+        den: 1,
+        capacity: 5,
+    },
+    Plan {
+        num: 20,
+        den: 1,
+        capacity: 100,
+    },
+    Plan {
+        num: 3,
+        den: 1,
+        capacity: 3,
+    },
+    Plan {
+        num: 1,
+        den: 4,
+        capacity: 2,
+    },
+];
+
+/// Calls under quotas that change at random points decide as the
+/// independent model's rule says: the refill still missing is kept.
+async fn quotas_changing_follow_the_model<B: Backend>() {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for round in 0..8 {
+        let Some(b) = B::new(quota(1.0, 5)).await else {
+            return;
+        };
+        let mut model = PlanModel::new();
+        let keys = ["sk_free_a", "sk_pro_b"];
+        let mut now: u64 = if round % 2 == 0 { EPOCH_UNIX } else { 0 };
+        for _ in 0..60 {
+            let plan = &PLANS[(next() % PLANS.len() as u64) as usize];
+            let q = quota(plan.rate(), plan.capacity);
+            let step = next();
+            now += match step % 4 {
+                0 => 0,
+                1 => step / 4 % 1_000_000,
+                2 => step / 4 % plan.token() as u64,
+                _ => step / 4 % 30_000_000_000,
+            };
+            let (secs, seen) = as_secs(now);
+            let key = keys[(next() % 2) as usize];
+            let cost = next() % 110;
+            let got = match b.check_under(key, secs, cost, &q).await {
+                Ok(remaining) => PlanOutcome::Admitted { remaining },
+                Err(Denial::InsufficientTokens { retry_after }) => PlanOutcome::Wait {
+                    retry_ns: retry_after.as_nanos() as u64,
+                },
+                Err(Denial::ExceedsCapacity { .. }) => PlanOutcome::ExceedsCapacity,
+                Err(other) => panic!("unexpected {other:?}"),
+            };
+            assert_eq!(
+                got,
+                model.call(key, seen, cost, plan),
+                "cost {cost} at {seen} ns"
+            );
+        }
+    }
+}
+
 /// Rates as exact fractions `num / den`: whole and fractional intervals.
 const RATES: &[(u64, u64)] = &[
     (1, 1),
@@ -506,6 +627,7 @@ suite!(
     backwards_time,
     retry_after_is_exact,
     whole_bursts,
+    quotas_changing_follow_the_model,
     refill_is_capped,
     keys_are_independent,
     equals_the_exact_model,

@@ -1,10 +1,10 @@
 //! `BucketHandle`: one key's bucket held by a long-lived caller; the handle
 //! front end over the core in `calls`.
 
-use super::plan::LiveQuota;
 use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::Quota;
+use crate::live_quota::LiveQuota;
 use crate::sync::Arc;
 use crate::time::Clock;
 

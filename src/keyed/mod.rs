@@ -10,11 +10,11 @@ mod sweep;
 
 use crate::bucket::Bucket;
 use crate::hot::HotKeys;
+use crate::live_quota::LiveQuota;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
 use moved::Moved;
-use plan::LiveQuota;
 pub use plan::Under;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};

@@ -21,41 +21,8 @@ use super::{BucketHandle, TokenBucketLimiter};
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::time::nanos_from_secs as secs;
-use crossbeam_utils::atomic::AtomicCell;
 use std::borrow::Borrow;
-use std::fmt;
 use std::hash::{BuildHasher, Hash};
-
-/// The default quota of a limiter, shared with its handles.
-pub(crate) struct LiveQuota {
-    /// Replaced whole by `store`. `Quota` is 32 bytes, so the cell is a
-    /// sequence lock: a load reads optimistically and writes nothing, and
-    /// retries only if a store ran meanwhile.
-    quota: AtomicCell<Quota>,
-}
-
-impl LiveQuota {
-    pub(crate) fn new(quota: Quota) -> Self {
-        LiveQuota {
-            quota: AtomicCell::new(quota),
-        }
-    }
-
-    #[inline]
-    pub(crate) fn load(&self) -> Quota {
-        self.quota.load()
-    }
-
-    pub(crate) fn store(&self, quota: Quota) {
-        self.quota.store(quota);
-    }
-}
-
-impl fmt::Debug for LiveQuota {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.load().fmt(f)
-    }
-}
 
 /// A limiter or a [`BucketHandle`] under a quota of the caller's choice:
 /// the same calls as on the limiter or the handle, spending from the same
@@ -63,8 +30,16 @@ impl fmt::Debug for LiveQuota {
 ///
 /// Made by [`TokenBucketLimiter::under`] and [`BucketHandle::under`]. Costs
 /// nothing to make (a reference and a copy of the quota); make one per call
-/// or keep one per plan. See the [module docs](self) for what a bucket holds
-/// when the quota it is called under changes.
+/// or keep one per plan.
+///
+/// # When a key's quota changes
+///
+/// A bucket records no quota: its word is the instant it is full again. A
+/// call under any quota reads that word, so the **time until full is
+/// kept** and the quota in force turns it into tokens: after a change the
+/// bucket holds at most the new capacity and admits, over any span, at most
+/// `new capacity + new rate * span`. A full bucket is full under every
+/// quota, so eviction is unchanged. Redis keeps the same rule.
 ///
 /// # Examples
 ///
@@ -84,6 +59,19 @@ pub struct Under<'a, T> {
     quota: Quota,
 }
 
+impl<'a, T> Under<'a, T> {
+    /// `target`'s calls under `quota`.
+    pub(crate) fn new(target: &'a T, quota: Quota) -> Self {
+        Under { target, quota }
+    }
+
+    /// What the calls go to, and under which quota.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn parts(&self) -> (&'a T, &Quota) {
+        (self.target, &self.quota)
+    }
+}
+
 /// # Making an `Under`, and changing the default quota
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// The calls of this limiter under `quota` instead of the default one.
@@ -99,10 +87,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
-        Under {
-            target: self,
-            quota: *quota,
-        }
+        Under::new(self, *quota)
     }
 
     /// Replaces the default quota, for every later call that does not name
@@ -254,10 +239,7 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
-        Under {
-            target: self,
-            quota: *quota,
-        }
+        Under::new(self, *quota)
     }
 }
 

@@ -1,12 +1,12 @@
 //! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
 //! that are not in an async runtime.
 
-use super::call::Outcome;
 use super::script::Now;
 use super::settings::Settings;
 use super::{FailurePolicy, RedisErrorKind, RedisLimiterError};
 use crate::error::Denial;
 use crate::gcra::Quota;
+use crate::keyed::Under;
 use ::redis::{Client, Connection};
 use parking_lot::Mutex;
 use std::fmt;
@@ -122,10 +122,26 @@ impl BlockingRedisLimiter {
         self
     }
 
-    /// The quota every key's bucket follows.
+    /// The default quota: the one every call follows unless it names its
+    /// own with [`under`](Self::under).
     #[must_use]
-    pub fn quota(&self) -> &Quota {
-        &self.settings.quota
+    pub fn quota(&self) -> Quota {
+        self.settings.quota.load()
+    }
+
+    /// Replaces the default quota for every later call of this limiter and
+    /// its clones that names none. Buckets keep their time until full (the
+    /// word in Redis), which the new quota turns into tokens: the same rule
+    /// as [`TokenBucketLimiter::set_quota`](crate::TokenBucketLimiter::set_quota).
+    pub fn set_quota(&self, quota: Quota) {
+        self.settings.quota.store(quota);
+    }
+
+    /// The calls of this limiter under `quota` instead of the default one
+    /// (a customer's plan), on the same buckets.
+    #[must_use]
+    pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
+        Under::new(self, *quota)
     }
 
     /// The policy applied by the boolean calls when Redis cannot decide.
@@ -149,7 +165,7 @@ impl BlockingRedisLimiter {
     /// As [`RedisLimiter::allow_n`](crate::RedisLimiter::allow_n), blocking.
     #[must_use]
     pub fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
-        self.settings.admits(self.check(key, timestamp, cost))
+        self.under(&self.quota()).allow_n(key, timestamp, cost)
     }
 
     /// As [`RedisLimiter::check`](crate::RedisLimiter::check), blocking.
@@ -182,7 +198,7 @@ impl BlockingRedisLimiter {
         timestamp: f64,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Now::secs(timestamp), cost)
+        self.under(&self.quota()).check(key, timestamp, cost)
     }
 
     /// As [`RedisLimiter::check_at`](crate::RedisLimiter::check_at),
@@ -197,7 +213,7 @@ impl BlockingRedisLimiter {
         at: Duration,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Now::duration(at), cost)
+        self.under(&self.quota()).check_at(key, at, cost)
     }
 
     /// As [`RedisLimiter::remaining`](crate::RedisLimiter::remaining),
@@ -207,7 +223,7 @@ impl BlockingRedisLimiter {
     ///
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub fn remaining(&self, key: &str, timestamp: f64) -> Result<Option<u64>, RedisLimiterError> {
-        Ok(self.decide(key, Now::secs(timestamp), 0)?.ok())
+        self.under(&self.quota()).remaining(key, timestamp)
     }
 
     /// As [`RedisLimiter::allow_now`](crate::RedisLimiter::allow_now):
@@ -221,7 +237,7 @@ impl BlockingRedisLimiter {
     /// blocking.
     #[must_use]
     pub fn allow_n_now(&self, key: &str, cost: u64) -> bool {
-        self.settings.admits(self.check_now(key, cost))
+        self.under(&self.quota()).allow_n_now(key, cost)
     }
 
     /// As [`RedisLimiter::check_now`](crate::RedisLimiter::check_now),
@@ -235,7 +251,7 @@ impl BlockingRedisLimiter {
         key: &str,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Some(Now::Server), cost)
+        self.under(&self.quota()).check_now(key, cost)
     }
 
     /// As [`RedisLimiter::remaining_now`](crate::RedisLimiter::remaining_now),
@@ -245,14 +261,19 @@ impl BlockingRedisLimiter {
     ///
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
-        // Cost 0 at a valid time is always decided Ok(tokens).
-        Ok(self.decide(key, Some(Now::Server), 0)?.unwrap_or(0))
+        self.under(&self.quota()).remaining_now(key)
     }
 
     /// The one path of every call, as
     /// [`RedisLimiter`](crate::RedisLimiter)'s, over the blocking connection.
-    fn decide(&self, key: &str, now: Option<Now>, cost: u64) -> Outcome {
-        let call = match self.settings.prepare(key, now, cost) {
+    fn decide(
+        &self,
+        key: &str,
+        now: Option<Now>,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let call = match self.settings.prepare(key, now, cost, quota) {
             Ok(call) => call,
             Err(decided) => return Ok(decided),
         };
@@ -285,6 +306,105 @@ impl BlockingRedisLimiter {
         connection.set_read_timeout(Some(timeout))?;
         connection.set_write_timeout(Some(timeout))?;
         Ok(connection)
+    }
+}
+
+/// # Blocking calls under a chosen quota
+///
+/// The bodies of every [`BlockingRedisLimiter`] call: the limiter's own
+/// methods are these under its default quota.
+impl Under<'_, BlockingRedisLimiter> {
+    /// [`BlockingRedisLimiter::allow`] under this quota.
+    #[must_use]
+    pub fn allow(&self, key: &str, timestamp: f64) -> bool {
+        self.allow_n(key, timestamp, 1)
+    }
+
+    /// [`BlockingRedisLimiter::allow_n`] under this quota.
+    #[must_use]
+    pub fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        let (limiter, _) = self.parts();
+        limiter.settings.admits(self.check(key, timestamp, cost))
+    }
+
+    /// [`BlockingRedisLimiter::check`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`BlockingRedisLimiter::check`].
+    pub fn check(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Now::secs(timestamp), cost, quota)
+    }
+
+    /// [`BlockingRedisLimiter::check_at`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`BlockingRedisLimiter::check`].
+    pub fn check_at(
+        &self,
+        key: &str,
+        at: Duration,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Now::duration(at), cost, quota)
+    }
+
+    /// [`BlockingRedisLimiter::remaining`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub fn remaining(&self, key: &str, timestamp: f64) -> Result<Option<u64>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        Ok(limiter.decide(key, Now::secs(timestamp), 0, quota)?.ok())
+    }
+
+    /// [`BlockingRedisLimiter::allow_now`] under this quota.
+    #[must_use]
+    pub fn allow_now(&self, key: &str) -> bool {
+        self.allow_n_now(key, 1)
+    }
+
+    /// [`BlockingRedisLimiter::allow_n_now`] under this quota.
+    #[must_use]
+    pub fn allow_n_now(&self, key: &str, cost: u64) -> bool {
+        let (limiter, _) = self.parts();
+        limiter.settings.admits(self.check_now(key, cost))
+    }
+
+    /// [`BlockingRedisLimiter::check_now`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`BlockingRedisLimiter::check`].
+    pub fn check_now(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Some(Now::Server), cost, quota)
+    }
+
+    /// [`BlockingRedisLimiter::remaining_now`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        // Cost 0 at a valid time is always decided Ok(tokens).
+        Ok(limiter
+            .decide(key, Some(Now::Server), 0, quota)?
+            .unwrap_or(0))
     }
 }
 

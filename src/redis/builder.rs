@@ -5,6 +5,7 @@ use super::error::{FailurePolicy, RedisLimiterError};
 use super::limiter::RedisLimiter;
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
 use crate::gcra::Quota;
+use crate::keyed::Under;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
 
@@ -223,10 +224,26 @@ where
         self
     }
 
-    /// The quota every key's bucket follows.
+    /// The default quota: the one every call follows unless it names its
+    /// own with [`under`](Self::under).
     #[must_use]
-    pub fn quota(&self) -> &Quota {
-        &self.settings.quota
+    pub fn quota(&self) -> Quota {
+        self.settings.quota.load()
+    }
+
+    /// Replaces the default quota for every later call of this limiter and
+    /// its clones that names none. Buckets keep their time until full (the
+    /// word in Redis), which the new quota turns into tokens: the same rule
+    /// as [`TokenBucketLimiter::set_quota`](crate::TokenBucketLimiter::set_quota).
+    pub fn set_quota(&self, quota: Quota) {
+        self.settings.quota.store(quota);
+    }
+
+    /// The calls of this limiter under `quota` instead of the default one
+    /// (a customer's plan), on the same buckets.
+    #[must_use]
+    pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
+        Under::new(self, *quota)
     }
 
     /// The policy applied by the boolean calls when Redis cannot decide.

@@ -8,7 +8,7 @@ use super::error::RedisLimiterError;
 use super::script::{self, Guess, Now};
 use super::settings::Settings;
 use crate::error::Denial;
-use crate::gcra;
+use crate::gcra::{self, Quota};
 use ::redis::{ScriptInvocation, Value};
 
 /// What every checking call returns: Redis's failure, or the decision.
@@ -20,6 +20,8 @@ pub(super) struct Call {
     key: String,
     now: Now,
     cost: u64,
+    /// The quota the call is decided under.
+    quota: Quota,
     /// Nanoseconds of refill the call uses up; 0 only reads.
     spend: u64,
     /// The script's fast path, with the caller's time.
@@ -30,19 +32,20 @@ pub(super) struct Call {
 }
 
 impl Settings {
-    /// The call to make for `cost` tokens of `key` at `now`, or the
-    /// decision made without Redis: an invalid timestamp, a cost above the
-    /// capacity, or a denial by the mirror's bound.
+    /// The call to make for `cost` tokens of `key` at `now` under
+    /// `quota`, or the decision made without Redis: an invalid timestamp, a
+    /// cost above the capacity, or a denial by the mirror's bound.
     pub(super) fn prepare(
         &self,
         key: &str,
         now: Option<Now>,
         cost: u64,
+        quota: &Quota,
     ) -> Result<Call, Result<u64, Denial>> {
         let Some(now) = now else {
             return Err(Err(Denial::InvalidTimestamp));
         };
-        let spend = gcra::spend_for(cost, &self.quota).map_err(Err)?;
+        let spend = gcra::spend_for(cost, quota).map_err(Err)?;
         let key = self.bucket_key(key);
         let mut bound = None;
         let mut sent = 0;
@@ -58,14 +61,14 @@ impl Settings {
             if let (Some(at), Some(bound)) = (at, bound) {
                 // The real word is at least the bound: a denial here is
                 // Redis's denial too.
-                gcra::decide(bound, at, cost, &self.quota).map_err(Err)?;
+                gcra::decide(bound, at, cost, quota).map_err(Err)?;
             }
         }
         let mut guess = None;
         if let Now::At(ns) = now {
             if spend > 0 {
                 let expected = bound.unwrap_or(0);
-                if let Ok(word) = gcra::decide(expected, ns, cost, &self.quota) {
+                if let Ok(word) = gcra::decide(expected, ns, cost, quota) {
                     guess = Some(Guess::new(expected, word, ns, self.min_ttl_ms));
                 }
             }
@@ -74,6 +77,7 @@ impl Settings {
             key,
             now,
             cost,
+            quota: *quota,
             spend,
             guess,
             sent,
@@ -87,7 +91,7 @@ impl Settings {
             &mut invocation,
             call.now,
             call.spend,
-            self.quota.window(),
+            call.quota.window(),
             self.min_ttl_ms,
             call.guess,
         );
@@ -104,7 +108,7 @@ impl Settings {
             Now::Server => None,
         };
         let reply = script::parse(&call.key, &answer?, at)?;
-        let decision = gcra::decide(reply.full_at, reply.now, call.cost, &self.quota);
+        let decision = gcra::decide(reply.full_at, reply.now, call.cost, &call.quota);
         if decision.is_ok() != reply.admitted {
             return Err(RedisLimiterError::reply(
                 "the script and gcra::decide disagree on the word it read",
@@ -117,7 +121,7 @@ impl Settings {
             let word = decision.unwrap_or(reply.full_at).max(reply.full_at);
             mirror.raise(&call.key, word, reply.now);
         }
-        Ok(decision.map(|word| gcra::tokens_at(word, reply.now, &self.quota)))
+        Ok(decision.map(|word| gcra::tokens_at(word, reply.now, &call.quota)))
     }
 
     /// Whether a boolean call admits: the decision, or the failure policy.

@@ -1,10 +1,11 @@
 //! The async limiter over a connection of the caller's choice.
 
-use super::call::Outcome;
 use super::error::RedisLimiterError;
 use super::script::Now;
 use super::settings::Settings;
 use crate::error::Denial;
+use crate::gcra::Quota;
+use crate::keyed::Under;
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use std::fmt;
 use std::time::Duration;
@@ -126,7 +127,9 @@ where
     /// ```
     #[must_use]
     pub async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
-        self.settings.admits(self.check(key, timestamp, cost).await)
+        self.under(&self.quota())
+            .allow_n(key, timestamp, cost)
+            .await
     }
 
     /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
@@ -168,7 +171,7 @@ where
         timestamp: f64,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Now::secs(timestamp), cost).await
+        self.under(&self.quota()).check(key, timestamp, cost).await
     }
 
     /// [`check`](Self::check) at an exact timestamp: `at` after the
@@ -204,7 +207,7 @@ where
         at: Duration,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Now::duration(at), cost).await
+        self.under(&self.quota()).check_at(key, at, cost).await
     }
 
     /// The whole tokens `key` holds at `timestamp`, without spending any.
@@ -236,7 +239,7 @@ where
         key: &str,
         timestamp: f64,
     ) -> Result<Option<u64>, RedisLimiterError> {
-        Ok(self.decide(key, Now::secs(timestamp), 0).await?.ok())
+        self.under(&self.quota()).remaining(key, timestamp).await
     }
 
     /// [`allow`](Self::allow) at Redis's own clock (`TIME`, microsecond
@@ -267,7 +270,7 @@ where
     /// [`allow_n`](Self::allow_n) at Redis's own clock.
     #[must_use]
     pub async fn allow_n_now(&self, key: &str, cost: u64) -> bool {
-        self.settings.admits(self.check_now(key, cost).await)
+        self.under(&self.quota()).allow_n_now(key, cost).await
     }
 
     /// [`check`](Self::check) at Redis's own clock.
@@ -280,7 +283,7 @@ where
         key: &str,
         cost: u64,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        self.decide(key, Some(Now::Server), cost).await
+        self.under(&self.quota()).check_now(key, cost).await
     }
 
     /// [`remaining`](Self::remaining) at Redis's own clock.
@@ -289,14 +292,19 @@ where
     ///
     /// [`RedisLimiterError`] when Redis cannot answer.
     pub async fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
-        // Cost 0 at a valid time is always decided Ok(tokens).
-        Ok(self.decide(key, Some(Now::Server), 0).await?.unwrap_or(0))
+        self.under(&self.quota()).remaining_now(key).await
     }
 
     /// The one path of every call: the core prepares it, Redis answers
     /// (unless the core decided alone), the core finishes it.
-    async fn decide(&self, key: &str, now: Option<Now>, cost: u64) -> Outcome {
-        let call = match self.settings.prepare(key, now, cost) {
+    async fn decide(
+        &self,
+        key: &str,
+        now: Option<Now>,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let call = match self.settings.prepare(key, now, cost, quota) {
             Ok(call) => call,
             Err(decided) => return Ok(decided),
         };
@@ -308,6 +316,118 @@ where
             .map_err(|_| RedisLimiterError::timeout(timeout))
             .and_then(|answer| answer.map_err(RedisLimiterError::from));
         self.settings.finish(&call, answer)
+    }
+}
+
+/// # Calls under a chosen quota
+///
+/// The bodies of every [`RedisLimiter`] call: the limiter's own methods are
+/// these under its default quota.
+impl<C> Under<'_, RedisLimiter<C>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// [`RedisLimiter::allow`] under this quota.
+    #[must_use]
+    pub async fn allow(&self, key: &str, timestamp: f64) -> bool {
+        self.allow_n(key, timestamp, 1).await
+    }
+
+    /// [`RedisLimiter::allow_n`] under this quota.
+    #[must_use]
+    pub async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        let (limiter, _) = self.parts();
+        limiter
+            .settings
+            .admits(self.check(key, timestamp, cost).await)
+    }
+
+    /// [`RedisLimiter::check`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::check`].
+    pub async fn check(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Now::secs(timestamp), cost, quota).await
+    }
+
+    /// [`RedisLimiter::check_at`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::check`].
+    pub async fn check_at(
+        &self,
+        key: &str,
+        at: Duration,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Now::duration(at), cost, quota).await
+    }
+
+    /// [`RedisLimiter::remaining`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub async fn remaining(
+        &self,
+        key: &str,
+        timestamp: f64,
+    ) -> Result<Option<u64>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        Ok(limiter
+            .decide(key, Now::secs(timestamp), 0, quota)
+            .await?
+            .ok())
+    }
+
+    /// [`RedisLimiter::allow_now`] under this quota.
+    #[must_use]
+    pub async fn allow_now(&self, key: &str) -> bool {
+        self.allow_n_now(key, 1).await
+    }
+
+    /// [`RedisLimiter::allow_n_now`] under this quota.
+    #[must_use]
+    pub async fn allow_n_now(&self, key: &str, cost: u64) -> bool {
+        let (limiter, _) = self.parts();
+        limiter.settings.admits(self.check_now(key, cost).await)
+    }
+
+    /// [`RedisLimiter::check_now`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::check`].
+    pub async fn check_now(
+        &self,
+        key: &str,
+        cost: u64,
+    ) -> Result<Result<u64, Denial>, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        limiter.decide(key, Some(Now::Server), cost, quota).await
+    }
+
+    /// [`RedisLimiter::remaining_now`] under this quota.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisLimiterError`] when Redis cannot answer.
+    pub async fn remaining_now(&self, key: &str) -> Result<u64, RedisLimiterError> {
+        let (limiter, quota) = self.parts();
+        // Cost 0 at a valid time is always decided Ok(tokens).
+        Ok(limiter
+            .decide(key, Some(Now::Server), 0, quota)
+            .await?
+            .unwrap_or(0))
     }
 }
 

@@ -5,6 +5,7 @@ use super::error::FailurePolicy;
 use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
 use super::script::BUCKET_SCRIPT;
 use crate::gcra::Quota;
+use crate::live_quota::LiveQuota;
 use crate::time::MAX_TIMESTAMP_NANOS;
 use ::redis::Script;
 use std::fmt;
@@ -29,7 +30,8 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// The settings of one limiter, cloned with it.
 #[derive(Clone)]
 pub(super) struct Settings {
-    pub(super) quota: Quota,
+    /// The default quota, shared by clones; `set_quota` replaces it.
+    pub(super) quota: Arc<LiveQuota>,
     pub(super) script: Arc<Script>,
     pub(super) prefix: Arc<str>,
     /// The deadline of one call, at least [`MIN_TIMEOUT`].
@@ -44,7 +46,7 @@ pub(super) struct Settings {
 impl Settings {
     pub(super) fn new(quota: Quota) -> Self {
         Settings {
-            quota,
+            quota: Arc::new(LiveQuota::new(quota)),
             script: Arc::new(Script::new(BUCKET_SCRIPT)),
             prefix: Arc::from(DEFAULT_REDIS_PREFIX),
             timeout: DEFAULT_REDIS_TIMEOUT,
@@ -83,7 +85,7 @@ impl Settings {
 impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
-            .field("quota", &self.quota)
+            .field("quota", &self.quota.load())
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("min_ttl_ms", &self.min_ttl_ms)
