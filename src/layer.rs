@@ -29,6 +29,7 @@
 
 use crate::error::Denial;
 use crate::keyed::{DefaultHasher, TokenBucketLimiter};
+use crate::observe::{ResponseCounts, Responses, Status};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -157,6 +158,8 @@ pub struct RateLimitLayer<F, C = UnitCost, K = String, S = DefaultHasher> {
     key: F,
     cost: C,
     policy_name: Arc<str>,
+    /// Shared by every service made, for [`responses`](Self::responses).
+    responses: ResponseCounts,
 }
 
 impl<F, K, S> RateLimitLayer<F, UnitCost, K, S>
@@ -192,6 +195,7 @@ where
             key,
             cost: unit_cost,
             policy_name: Arc::from("default"),
+            responses: ResponseCounts::new(),
         }
     }
 }
@@ -228,6 +232,7 @@ impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
             key: self.key,
             cost,
             policy_name: self.policy_name,
+            responses: self.responses,
         }
     }
 
@@ -264,6 +269,18 @@ impl<F, C, K, S> RateLimitLayer<F, C, K, S> {
     pub fn limiter(&self) -> &Arc<TokenBucketLimiter<K, S>> {
         &self.limiter
     }
+
+    /// The responses of every service this layer made, counted by status
+    /// (see [`Responses`] for an example).
+    #[must_use]
+    pub fn responses(&self) -> Responses {
+        self.responses.read()
+    }
+
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn response_counts(&self) -> ResponseCounts {
+        self.responses.clone()
+    }
 }
 
 impl<F: Clone, C: Clone, K, S> Clone for RateLimitLayer<F, C, K, S> {
@@ -273,6 +290,7 @@ impl<F: Clone, C: Clone, K, S> Clone for RateLimitLayer<F, C, K, S> {
             key: self.key.clone(),
             cost: self.cost.clone(),
             policy_name: Arc::clone(&self.policy_name),
+            responses: self.responses.clone(),
         }
     }
 }
@@ -316,6 +334,7 @@ where
                 policy_item: sf_string(&self.policy_name),
                 // Printable ASCII only (checked by `with_policy_name`).
                 policy: HeaderValue::try_from(policy).expect("printable ASCII"),
+                responses: self.responses.clone(),
             }),
         }
     }
@@ -330,6 +349,7 @@ struct Shared<F, C, K, S> {
     policy_item: String,
     /// The `RateLimit-Policy` value, the same on every response.
     policy: HeaderValue,
+    responses: ResponseCounts,
 }
 
 /// The service made by [`RateLimitLayer`]: spends from the request's key's
@@ -387,6 +407,7 @@ where
         let shared = &*self.shared;
         let (parts, body) = request.into_parts();
         let Some(key) = (shared.key)(&parts) else {
+            shared.responses.count(Status::Unauthorized);
             let mut response = Response::new(ResBody::default());
             *response.status_mut() = StatusCode::UNAUTHORIZED;
             response
@@ -397,6 +418,7 @@ where
         let cost = (shared.cost)(&parts);
         match shared.limiter.check_now(&key, cost) {
             Ok(remaining) => {
+                shared.responses.count(Status::Admitted);
                 let quota = shared.limiter.quota();
                 // At most `capacity - remaining` tokens are missing.
                 let missing = quota.capacity().saturating_sub(remaining);
@@ -418,19 +440,20 @@ where
 fn refusal<F, C, K, S, B: Default>(shared: &Shared<F, C, K, S>, denial: Denial) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
-    let status = match denial {
+    let (status, counted) = match denial {
         Denial::InsufficientTokens { retry_after } => {
             let secs = ceil_secs(retry_after);
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
             let state = format!("{};r=0;t={secs}", shared.policy_item);
             headers.insert(RATELIMIT, header_value(state));
-            StatusCode::TOO_MANY_REQUESTS
+            (StatusCode::TOO_MANY_REQUESTS, Status::TooManyRequests)
         }
-        Denial::ExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Denial::ExceedsCapacity { .. } => (StatusCode::PAYLOAD_TOO_LARGE, Status::PayloadTooLarge),
         // The limiter is full, or its clock reads beyond 292 years: the
         // server's condition, not the client's doing.
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
     };
+    shared.responses.count(counted);
     headers.insert(RATELIMIT_POLICY, shared.policy.clone());
     *response.status_mut() = status;
     response

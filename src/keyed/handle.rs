@@ -5,6 +5,7 @@ use super::calls::{allow_at, check_at, clock_nanos, remaining_at};
 use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::Quota;
+use crate::observe::HandleTally;
 use crate::sync::Arc;
 use crate::time::{nanos_from_secs as secs, Clock};
 
@@ -21,6 +22,8 @@ pub struct BucketHandle {
     pub(super) _pin: Arc<()>,
     /// The limiter's clock, for the `*_now` methods.
     pub(super) clock: std::sync::Arc<dyn Clock>,
+    /// The limiter's stats and offender sketches, with this key.
+    pub(super) tally: HandleTally,
 }
 
 /// # Calls at a caller's timestamp
@@ -55,7 +58,11 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn allow_n(&self, timestamp: f64, cost: u64) -> bool {
-        allow_at(secs(timestamp), |now| self.charge(now, cost))
+        allow_at(
+            secs(timestamp),
+            |now| self.charge(now, cost),
+            |now, decided| self.tally.decided(now, cost, decided),
+        )
     }
 
     /// Spends `cost` tokens at `timestamp`, or says why not; on success
@@ -75,7 +82,12 @@ impl BucketHandle {
     /// assert_eq!(handle.check(0.0, 1), Ok(2));
     /// ```
     pub fn check(&self, timestamp: f64, cost: u64) -> Result<u64, Denial> {
-        check_at(secs(timestamp), &self.quota, |now| self.charge(now, cost))
+        check_at(
+            secs(timestamp),
+            &self.quota,
+            |now| self.charge(now, cost),
+            |now, decided| self.tally.decided(now, cost, decided),
+        )
     }
 
     /// The whole tokens the bucket holds at `timestamp`, without spending;
@@ -126,7 +138,11 @@ impl BucketHandle {
     /// ```
     #[must_use]
     pub fn allow_n_now(&self, cost: u64) -> bool {
-        allow_at(clock_nanos(&*self.clock), |now| self.charge(now, cost))
+        allow_at(
+            clock_nanos(&*self.clock),
+            |now| self.charge(now, cost),
+            |now, decided| self.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`check`](Self::check) at the limiter's clock reading.
@@ -135,9 +151,12 @@ impl BucketHandle {
     ///
     /// As [`check`](Self::check).
     pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
-        check_at(clock_nanos(&*self.clock), &self.quota, |now| {
-            self.charge(now, cost)
-        })
+        check_at(
+            clock_nanos(&*self.clock),
+            &self.quota,
+            |now| self.charge(now, cost),
+            |now, decided| self.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`remaining`](Self::remaining) at the limiter's clock reading.

@@ -5,11 +5,13 @@ mod calls;
 mod handle;
 mod map_path;
 mod moved;
+mod observe;
 mod sweep;
 
 use crate::bucket::Bucket;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
+use crate::observe::Observer;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
@@ -83,6 +85,8 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     hot: HotKeys,
     /// Read by the `*_now` methods only.
     clock: std::sync::Arc<dyn Clock>,
+    /// Counters and offender sketches (see `observe`); shared with handles.
+    observer: std::sync::Arc<Observer<K, S>>,
 }
 
 impl<K, S> fmt::Debug for TokenBucketLimiter<K, S>

@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hash};
 /// # Housekeeping: eviction and memory
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Removes every bucket that is full at `timestamp` and has no live
-    /// [`BucketHandle`]; returns how many were removed.
+    /// [`BucketHandle`](crate::BucketHandle); returns how many were removed.
     ///
     /// A full bucket is indistinguishable from a key never seen, so this
     /// changes no later decision made at or after `timestamp`. An invalid
@@ -51,6 +51,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     pub(super) fn sweep_nanos(&self, now: u64) -> usize {
+        let started = std::time::Instant::now();
         let mut removed = 0;
         self.buckets.retain(|key, bucket| {
             let evict = match bucket.word() {
@@ -69,6 +70,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             !evict
         });
         self.occupancy.swept(removed, self.buckets.len());
+        self.observer.counters.swept(removed, started.elapsed());
         removed
     }
 
