@@ -9,7 +9,9 @@ mod responses;
 mod slot;
 
 pub use counters::Stats;
-pub(crate) use counters::{Cell, Counters, Striped};
+#[cfg(feature = "tower")]
+use counters::Striped;
+pub(crate) use counters::{Cell, Counters};
 pub(crate) use offenders::OffenderSketch;
 pub use offenders::{Offenders, OFFENDER_SLOTS};
 #[cfg(feature = "tower")]
