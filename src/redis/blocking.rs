@@ -41,7 +41,7 @@ const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// # }
 /// ```
 pub struct BlockingRedisLimiter {
-    settings: Settings,
+    pub(super) settings: Settings,
     client: Client,
     /// The open connection; `None` after a failure, until the next call
     /// reconnects.
@@ -176,7 +176,7 @@ impl BlockingRedisLimiter {
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         match nanos_from_secs(timestamp) {
             Some(now) => self.decide(key, Now::At(now), cost),
-            None => Ok(Err(Denial::InvalidTimestamp)),
+            None => Ok(self.settings.invalid_timestamp(cost)),
         }
     }
 
@@ -194,7 +194,7 @@ impl BlockingRedisLimiter {
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         match nanos_from_duration(at) {
             Some(now) => self.decide(key, Now::At(now), cost),
-            None => Ok(Err(Denial::InvalidTimestamp)),
+            None => Ok(self.settings.invalid_timestamp(cost)),
         }
     }
 
@@ -258,9 +258,11 @@ impl BlockingRedisLimiter {
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         let spend = match self.settings.spend(cost) {
             Ok(spend) => spend,
-            Err(denial) => return Ok(Err(denial)),
+            Err(denial) => return self.settings.record(cost, Ok(Err(denial))),
         };
-        Ok(self.settings.decision(self.run(key, now, spend)?))
+        let reply = self.run(key, now, spend);
+        self.settings
+            .record(cost, reply.map(|reply| self.settings.decision(reply)))
     }
 
     fn run(&self, key: &str, now: Now, spend: u64) -> Result<Reply, RedisLimiterError> {

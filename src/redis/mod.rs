@@ -13,6 +13,7 @@
 //! with a TTL equal to the time until the bucket is full again.
 
 mod blocking;
+mod stats;
 
 pub use self::blocking::BlockingRedisLimiter;
 
@@ -600,7 +601,7 @@ where
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         match nanos_from_secs(timestamp) {
             Some(now) => self.decide(key, Now::At(now), cost).await,
-            None => Ok(Err(Denial::InvalidTimestamp)),
+            None => Ok(self.settings.invalid_timestamp(cost)),
         }
     }
 
@@ -639,7 +640,7 @@ where
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         match nanos_from_duration(at) {
             Some(now) => self.decide(key, Now::At(now), cost).await,
-            None => Ok(Err(Denial::InvalidTimestamp)),
+            None => Ok(self.settings.invalid_timestamp(cost)),
         }
     }
 
@@ -742,10 +743,11 @@ where
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         let spend = match self.settings.spend(cost) {
             Ok(spend) => spend,
-            Err(denial) => return Ok(Err(denial)),
+            Err(denial) => return self.settings.record(cost, Ok(Err(denial))),
         };
-        let reply = self.run(key, now, spend).await?;
-        Ok(self.settings.decision(reply))
+        let reply = self.run(key, now, spend).await;
+        self.settings
+            .record(cost, reply.map(|reply| self.settings.decision(reply)))
     }
 
     /// Runs the script once on `key`: a decision, or a read when `spend`
@@ -780,6 +782,8 @@ struct Settings {
     /// The least TTL of a written key, in milliseconds.
     min_ttl_ms: u64,
     failure_policy: FailurePolicy,
+    /// Decision counters, shared by clones (see `stats`).
+    counters: Arc<crate::observe::Counters>,
 }
 
 impl Settings {
@@ -791,6 +795,7 @@ impl Settings {
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
+            counters: Arc::new(crate::observe::Counters::new(true)),
         }
     }
 
