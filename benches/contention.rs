@@ -18,8 +18,10 @@
 //! thread (so that thread wake-up skew is small against the work measured),
 //! and criterion's throughput is calls per second summed over threads.
 //!
-//! keyrate runs twice: as users get it, and with its per-thread hot-key
-//! cache off (`keyrate_nocache`: every call looks its key up in the map).
+//! keyrate runs three times: as users get it, with its per-thread hot-key
+//! cache off (`keyrate_nocache`: every call looks its key up in the map),
+//! and with its counters and offender sketches off (`keyrate_nostats`: the
+//! cost of observing the calls).
 //!
 //! `scripts/bench.sh` runs this and prints the ratios to governor.
 
@@ -211,6 +213,10 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         (
             "keyrate_nocache",
             make(keys, move |k| Keyrate::without_hot_key_cache(spec, k)),
+        ),
+        (
+            "keyrate_nostats",
+            make(keys, move |k| Keyrate::without_stats(spec, k)),
         ),
     ];
     if handles {

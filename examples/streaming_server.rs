@@ -35,6 +35,7 @@ async fn main() {
     println!("listening on {addr}");
     println!("  ws://{addr}/v1/stream   (WebSocket; Authorization: Bearer <key> or X-API-Key)");
     println!("  http://{addr}/v1/tts    (POST text; costs its length)");
+    println!("  http://{addr}/metrics   (Prometheus text: counters, top offenders, responses)");
     println!(
         "  http://{addr}/admin/plans/{{free,pro}}  (PUT JSON quotas, X-Admin-Token: {}; GET /admin/plans)",
         app.admin_token

@@ -30,6 +30,7 @@
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::keyed::{DefaultHasher, TokenBucketLimiter};
+use crate::observe::{ResponseCounts, Responses, Status};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
@@ -194,6 +195,8 @@ pub struct RateLimitLayer<F, C = UnitCost, K = String, S = DefaultHasher, P = De
     cost: C,
     quota: P,
     policy_name: Arc<str>,
+    /// Shared by every service made, for [`responses`](Self::responses).
+    responses: ResponseCounts,
 }
 
 impl<F, K, S> RateLimitLayer<F, UnitCost, K, S>
@@ -230,6 +233,7 @@ where
             cost: unit_cost,
             quota: default_quota,
             policy_name: Arc::from("default"),
+            responses: ResponseCounts::new(),
         }
     }
 }
@@ -267,6 +271,7 @@ impl<F, C, K, S, P> RateLimitLayer<F, C, K, S, P> {
             cost,
             quota: self.quota,
             policy_name: self.policy_name,
+            responses: self.responses,
         }
     }
 
@@ -300,6 +305,7 @@ impl<F, C, K, S, P> RateLimitLayer<F, C, K, S, P> {
             cost: self.cost,
             quota,
             policy_name: self.policy_name,
+            responses: self.responses,
         }
     }
 
@@ -336,6 +342,18 @@ impl<F, C, K, S, P> RateLimitLayer<F, C, K, S, P> {
     pub fn limiter(&self) -> &Arc<TokenBucketLimiter<K, S>> {
         &self.limiter
     }
+
+    /// The responses of every service this layer made, counted by status
+    /// (see [`Responses`] for an example).
+    #[must_use]
+    pub fn responses(&self) -> Responses {
+        self.responses.read()
+    }
+
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn response_counts(&self) -> ResponseCounts {
+        self.responses.clone()
+    }
 }
 
 impl<F: Clone, C: Clone, K, S, P: Clone> Clone for RateLimitLayer<F, C, K, S, P> {
@@ -346,6 +364,7 @@ impl<F: Clone, C: Clone, K, S, P: Clone> Clone for RateLimitLayer<F, C, K, S, P>
             cost: self.cost.clone(),
             quota: self.quota.clone(),
             policy_name: Arc::clone(&self.policy_name),
+            responses: self.responses.clone(),
         }
     }
 }
@@ -382,6 +401,7 @@ where
                 cost: self.cost.clone(),
                 quota: self.quota.clone(),
                 policy_item: sf_string(&self.policy_name),
+                responses: self.responses.clone(),
             }),
         }
     }
@@ -396,6 +416,7 @@ struct Shared<F, C, K, S, P> {
     /// The policy's name as a structured-field string, quotes included
     /// (printable ASCII only, checked by `with_policy_name`).
     policy_item: String,
+    responses: ResponseCounts,
 }
 
 impl<F, C, K, S, P> Shared<F, C, K, S, P> {
@@ -466,6 +487,7 @@ where
         let shared = &*self.shared;
         let (parts, body) = request.into_parts();
         let Some(key) = (shared.key)(&parts) else {
+            shared.responses.count(Status::Unauthorized);
             let mut response = Response::new(ResBody::default());
             *response.status_mut() = StatusCode::UNAUTHORIZED;
             response
@@ -477,6 +499,7 @@ where
         let quota = (shared.quota)(&parts).unwrap_or_else(|| shared.limiter.quota());
         match shared.limiter.under(&quota).check_now(&key, cost) {
             Ok(remaining) => {
+                shared.responses.count(Status::Admitted);
                 // At most `capacity - remaining` tokens are missing: their
                 // refill, exact as the limiter counts it, in whole seconds.
                 let missing = quota.capacity().saturating_sub(remaining);
@@ -508,19 +531,20 @@ fn refusal<F, C, K, S, P, B: Default>(
 ) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
-    let status = match denial {
+    let (status, counted) = match denial {
         Denial::InsufficientTokens { retry_after } => {
             let secs = ceil_secs(retry_after);
             headers.insert(RETRY_AFTER, HeaderValue::from(secs));
             let state = format!("{};r=0;t={secs}", shared.policy_item);
             headers.insert(RATELIMIT, header_value(state));
-            StatusCode::TOO_MANY_REQUESTS
+            (StatusCode::TOO_MANY_REQUESTS, Status::TooManyRequests)
         }
-        Denial::ExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Denial::ExceedsCapacity { .. } => (StatusCode::PAYLOAD_TOO_LARGE, Status::PayloadTooLarge),
         // The limiter is full, or its clock reads beyond 292 years: the
         // server's condition, not the client's doing.
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
     };
+    shared.responses.count(counted);
     headers.insert(RATELIMIT_POLICY, shared.policy(quota));
     *response.status_mut() = status;
     response

@@ -60,6 +60,9 @@ mod live_quota;
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_api;
+mod observe;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 #[cfg(feature = "redis")]
 mod redis;
 mod store;
@@ -72,6 +75,9 @@ pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter, Under};
 #[cfg(feature = "tower")]
 pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
+#[cfg(feature = "tower")]
+pub use crate::observe::Responses;
+pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingRedisLimiter, FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError,

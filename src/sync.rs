@@ -16,8 +16,10 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 
-/// `std` atomics for state that loom does not model (the manual clock):
-/// named here so that this file stays the only one that picks atomics.
+/// `std` atomics for state that loom does not model (the manual clock, and
+/// the statistics, which decide nothing): named here so that this file
+/// stays the only one that picks atomics.
 pub(crate) mod unmodeled {
-    pub(crate) use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    pub(crate) use std::sync::Mutex;
 }

@@ -1,7 +1,7 @@
 //! The public contract: it compiles as written and behaves as documented.
 #![cfg(not(loom))]
 
-use keyrate::{BucketHandle, ConfigError, Denial, Quota, TokenBucketLimiter};
+use keyrate::{BucketHandle, ConfigError, Denial, Offenders, Quota, Stats, TokenBucketLimiter};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ fn types_are_send_sync_and_shared_with_arc() {
     assert_send_sync::<ConfigError>();
     assert_send_sync::<Denial>();
     assert_send_sync::<Quota>();
+    assert_send_sync::<Stats>();
+    assert_send_sync::<Offenders<String>>();
 
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, 4));
     let threads: Vec<_> = (0..4)

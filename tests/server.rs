@@ -52,6 +52,24 @@ async fn start() -> Server {
 }
 
 impl Server {
+    /// `GET /metrics`: checks the content type, and the text with the real
+    /// `promtool check metrics` when it is installed (CI installs it, and
+    /// sets `CI`, which makes it required).
+    async fn scrape(&self) -> String {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let url = format!("http://{}/metrics", self.addr);
+        let response = client.get(url.parse().unwrap()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            header(&response, "content-type"),
+            keyrate::prometheus::CONTENT_TYPE
+        );
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        promtool_check(&text);
+        text
+    }
+
     async fn connect(&self, key: &str) -> Result<(Socket, Response<Option<Vec<u8>>>), WsError> {
         let mut request = format!("ws://{}/v1/stream", self.addr).into_client_request()?;
         let value = format!("Bearer {key}").parse().unwrap();
@@ -96,6 +114,47 @@ fn header<'a, B>(response: &'a http::Response<B>, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {name} header"))
         .to_str()
         .unwrap()
+}
+
+/// Runs `promtool check metrics` on `text`, if promtool is installed (in
+/// CI it must be).
+fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(err) => {
+            assert!(std::env::var_os("CI").is_none(), "CI needs promtool: {err}");
+            eprintln!("promtool not found ({err}): the scrape is not linted");
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The value of the series `series` (name and labels, as rendered).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().unwrap())
 }
 
 fn ceil(secs: f64) -> u64 {
@@ -209,6 +268,16 @@ async fn a_key_that_keeps_hammering_is_disconnected_with_1008() {
                 assert_eq!(reply["strikes"], denied);
                 assert_eq!(reply["max_strikes"], LIMITS.max_strikes);
                 denied += 1;
+                // Mid-attack, the operator's scrape names the abuser, with
+                // its exact count (one server thread: one sketch, not full).
+                let text = server.scrape().await;
+                let series = r#"keyrate_offender_denials{key="abuser",limiter="synthesis"}"#;
+                assert_eq!(sample(&text, series), Some(denied as f64), "{text}");
+                let series =
+                    r#"keyrate_denied_total{limiter="synthesis",reason="insufficient_tokens"}"#;
+                assert_eq!(sample(&text, series), Some(denied as f64));
+                let series = r#"keyrate_offenders_max_error{limiter="synthesis"}"#;
+                assert_eq!(sample(&text, series), Some(0.0));
             }
             Reply::Closed(code, reason) => break (code, reason),
         }
@@ -327,6 +396,22 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    // The layer counted each response by status.
+    let text = server.scrape().await;
+    for (status, count) in [
+        ("200", 3.0),
+        ("401", 1.0),
+        ("413", 1.0),
+        ("429", 1.0),
+        ("503", 0.0),
+    ] {
+        let series =
+            format!(r#"keyrate_http_responses_total{{limiter="synthesis",status="{status}"}}"#);
+        assert_eq!(sample(&text, &series), Some(count), "{series}\n{text}");
+    }
+    let series = r#"keyrate_offender_denials{key="http-key",limiter="synthesis"}"#;
+    assert_eq!(sample(&text, series), Some(2.0), "{text}");
 }
 
 /// Upgrade requests in a row for `key` until one is refused; how many were

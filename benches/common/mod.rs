@@ -100,6 +100,18 @@ impl Keyrate {
     }
 }
 
+impl Keyrate {
+    /// As users get it, with the counters and offender sketches off
+    /// (`with_stats(false)`): what observing the calls costs.
+    pub fn without_stats(spec: Spec, keys: Arc<[String]>) -> Self {
+        let keyrate = Self::new(spec, keys);
+        Keyrate {
+            limiter: keyrate.limiter.with_stats(false),
+            keys: keyrate.keys,
+        }
+    }
+}
+
 impl Competitor for Keyrate {
     type Local = ();
     fn local(&self) {}

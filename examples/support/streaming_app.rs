@@ -56,6 +56,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer};
+use keyrate::prometheus::{Metrics, CONTENT_TYPE};
 use keyrate::{BucketHandle, Clock, ConfigError, Denial, Quota, TokenBucketLimiter};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
@@ -204,7 +205,9 @@ impl App {
         }
     }
 
-    /// The routes: `GET /v1/stream` (WebSocket) and `POST /v1/tts` (HTTP).
+    /// The routes: `GET /v1/stream` (WebSocket), `POST /v1/tts` (HTTP) and
+    /// `GET /metrics` (Prometheus text: both budgets' counters and top
+    /// offenders, and both layers' responses by status).
     pub fn router(&self) -> Router {
         let plans = Arc::clone(&self.plans);
         let connect_layer = RateLimitLayer::new(Arc::clone(&self.connections), api_key)
@@ -219,9 +222,25 @@ impl App {
             .with_quota(move |parts: &Parts| {
                 Some(plans.get(Plans::name_for(&api_key(parts)?)).synthesis)
             });
+        // The example's API keys are labels here; a real service would key
+        // its limiters by a non-secret customer id (see keyrate::prometheus).
+        let metrics = Arc::new(
+            Metrics::new()
+                .limiter("connections", self.connections.clone())
+                .limiter("synthesis", self.synthesis.clone())
+                .layer("connections", &connect_layer)
+                .layer("synthesis", &tts_layer),
+        );
+        let scrape = get(move || async move {
+            (
+                [(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)],
+                metrics.render(),
+            )
+        });
         Router::new()
             .route("/v1/stream", get(stream).route_layer(connect_layer))
             .route("/v1/tts", post(tts).route_layer(tts_layer))
+            .route("/metrics", scrape)
             .route("/admin/plans", get(list_plans))
             .route("/admin/plans/{name}", put(set_plan))
             .with_state(self.clone())

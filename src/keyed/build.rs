@@ -1,6 +1,6 @@
 //! Making and configuring a limiter, and what it reports about itself.
 
-use super::{DefaultHasher, LiveQuota, Occupancy, TokenBucketLimiter};
+use super::{observe, DefaultHasher, LiveQuota, Occupancy, TokenBucketLimiter};
 use crate::error::ConfigError;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
@@ -100,10 +100,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         TokenBucketLimiter {
             quota: std::sync::Arc::new(LiveQuota::new(quota)),
             buckets: Map::with_hasher(hasher.clone()),
-            moved: Map::with_hasher(hasher),
+            moved: Map::with_hasher(hasher.clone()),
             occupancy: Occupancy::new(),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
+            observer: observe::new_observer(true, None, hasher),
         }
     }
 

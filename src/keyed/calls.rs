@@ -16,22 +16,43 @@ pub(super) fn clock_nanos(clock: &dyn Clock) -> Option<u64> {
     nanos_from_duration(clock.now())
 }
 
-/// `allow*`: whether `charge` admits the call at `now` (`None`: an invalid
-/// timestamp, denied).
+/// `charge` at `now` (`None`: an invalid timestamp, denied), with `now`
+/// and the bucket's new word on success; `record` sees every decision.
 #[inline]
-pub(super) fn allow_at(now: Option<u64>, charge: impl FnOnce(u64) -> Result<u64, Denial>) -> bool {
-    now.is_some_and(|now| charge(now).is_ok())
+fn decide_at(
+    now: Option<u64>,
+    charge: impl FnOnce(u64) -> Result<u64, Denial>,
+    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
+) -> Result<(u64, u64), Denial> {
+    let decided = match now {
+        Some(now) => charge(now).map(|word| (now, word)),
+        None => Err(Denial::InvalidTimestamp),
+    };
+    record(now, decided.as_ref().map(|_| ()));
+    decided
 }
 
-/// `check*`: `charge` at `now`, then the whole tokens left.
+/// `allow*`: whether `charge` admits the call at `now` (`None`: an invalid
+/// timestamp, denied); `record` sees the decision.
+#[inline]
+pub(super) fn allow_at(
+    now: Option<u64>,
+    charge: impl FnOnce(u64) -> Result<u64, Denial>,
+    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
+) -> bool {
+    decide_at(now, charge, record).is_ok()
+}
+
+/// `check*`: `charge` at `now`, then the whole tokens left; `record` sees
+/// the decision.
 #[inline]
 pub(super) fn check_at(
     now: Option<u64>,
     quota: &Quota,
     charge: impl FnOnce(u64) -> Result<u64, Denial>,
+    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
 ) -> Result<u64, Denial> {
-    let now = now.ok_or(Denial::InvalidTimestamp)?;
-    let word = charge(now)?;
+    let (now, word) = decide_at(now, charge, record)?;
     Ok(gcra::tokens_at(word, now, quota))
 }
 

@@ -5,6 +5,7 @@ use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::live_quota::LiveQuota;
+use crate::observe::HandleTally;
 use crate::sync::Arc;
 use crate::time::Clock;
 
@@ -23,6 +24,8 @@ pub struct BucketHandle {
     pub(super) _pin: Arc<()>,
     /// The limiter's clock, for the `*_now` methods.
     pub(super) clock: std::sync::Arc<dyn Clock>,
+    /// The limiter's stats and offender sketches, with this key.
+    pub(super) tally: HandleTally,
 }
 
 /// # Calls at a caller's timestamp

@@ -2,7 +2,7 @@
 //! or a new bucket.
 
 use super::TokenBucketLimiter;
-use crate::bucket::{Bucket, SpendError};
+use crate::bucket::SpendError;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use std::borrow::Borrow;
@@ -115,7 +115,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // never refused. The key is cloned only here.
         let result = self.buckets.try_write(
             key,
-            || occupancy.reserve().then(Bucket::new),
+            || occupancy.reserve().then(|| self.observer.created()),
             |bucket| bucket.spend_locked(now, cost, quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {

@@ -5,12 +5,14 @@ mod calls;
 mod handle;
 mod map_path;
 mod moved;
+mod observe;
 mod plan;
 mod sweep;
 
 use crate::bucket::Bucket;
 use crate::hot::HotKeys;
 use crate::live_quota::LiveQuota;
+use crate::observe::Observer;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
@@ -87,6 +89,8 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     hot: HotKeys,
     /// Read by the `*_now` methods only.
     clock: std::sync::Arc<dyn Clock>,
+    /// Counters and offender sketches (see `observe`); shared with handles.
+    observer: std::sync::Arc<Observer<K, S>>,
 }
 
 impl<K, S> fmt::Debug for TokenBucketLimiter<K, S>

@@ -91,7 +91,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn bucket<Q>(&self, key: &Q) -> BucketHandle
     where
-        K: Borrow<Q>,
+        // A handle records its denials under a copy of its key.
+        K: Borrow<Q> + Clone + Send + Sync,
+        S: Send + Sync + 'static,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A handle's bucket counts toward the cap like any other, but the
@@ -99,7 +101,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let mut inserted = false;
         let init = || {
             inserted = true;
-            Bucket::new()
+            self.observer.created()
         };
         let Moved { bucket, pin } = self
             .buckets
@@ -112,6 +114,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             bucket,
             _pin: pin,
             clock: std::sync::Arc::clone(&self.clock),
+            tally: self.observer.for_handle(key.to_owned()),
         }
     }
 }

@@ -139,9 +139,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> Under<'_, TokenBucketLimite
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let quota = &self.quota;
-        allow_at(secs(timestamp), |now| {
-            self.target.charge(key, now, cost, quota)
-        })
+        allow_at(
+            secs(timestamp),
+            |now| self.target.charge(key, now, cost, quota),
+            |now, decided| self.target.observer.decided(key, now, cost, decided),
+        )
     }
 
     /// [`TokenBucketLimiter::check`] under this quota.
@@ -155,9 +157,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> Under<'_, TokenBucketLimite
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let quota = &self.quota;
-        check_at(secs(timestamp), quota, |now| {
-            self.target.charge(key, now, cost, quota)
-        })
+        check_at(
+            secs(timestamp),
+            quota,
+            |now| self.target.charge(key, now, cost, quota),
+            |now, decided| self.target.observer.decided(key, now, cost, decided),
+        )
     }
 
     /// [`TokenBucketLimiter::remaining`] under this quota.
@@ -188,9 +193,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> Under<'_, TokenBucketLimite
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let quota = &self.quota;
-        allow_at(clock_nanos(&*self.target.clock), |now| {
-            self.target.charge(key, now, cost, quota)
-        })
+        allow_at(
+            clock_nanos(&*self.target.clock),
+            |now| self.target.charge(key, now, cost, quota),
+            |now, decided| self.target.observer.decided(key, now, cost, decided),
+        )
     }
 
     /// [`TokenBucketLimiter::check_now`] under this quota.
@@ -204,9 +211,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> Under<'_, TokenBucketLimite
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let quota = &self.quota;
-        check_at(clock_nanos(&*self.target.clock), quota, |now| {
-            self.target.charge(key, now, cost, quota)
-        })
+        check_at(
+            clock_nanos(&*self.target.clock),
+            quota,
+            |now| self.target.charge(key, now, cost, quota),
+            |now, decided| self.target.observer.decided(key, now, cost, decided),
+        )
     }
 
     /// [`TokenBucketLimiter::remaining_now`] under this quota.
@@ -260,9 +270,11 @@ impl Under<'_, BucketHandle> {
     /// [`BucketHandle::allow_n`] under this quota.
     #[must_use]
     pub fn allow_n(&self, timestamp: f64, cost: u64) -> bool {
-        allow_at(secs(timestamp), |now| {
-            self.target.charge(now, cost, &self.quota)
-        })
+        allow_at(
+            secs(timestamp),
+            |now| self.target.charge(now, cost, &self.quota),
+            |now, decided| self.target.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`BucketHandle::check`] under this quota.
@@ -271,9 +283,12 @@ impl Under<'_, BucketHandle> {
     ///
     /// As [`BucketHandle::check`], with this quota's capacity.
     pub fn check(&self, timestamp: f64, cost: u64) -> Result<u64, Denial> {
-        check_at(secs(timestamp), &self.quota, |now| {
-            self.target.charge(now, cost, &self.quota)
-        })
+        check_at(
+            secs(timestamp),
+            &self.quota,
+            |now| self.target.charge(now, cost, &self.quota),
+            |now, decided| self.target.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`BucketHandle::remaining`] under this quota.
@@ -291,9 +306,11 @@ impl Under<'_, BucketHandle> {
     /// [`BucketHandle::allow_n_now`] under this quota.
     #[must_use]
     pub fn allow_n_now(&self, cost: u64) -> bool {
-        allow_at(clock_nanos(&*self.target.clock), |now| {
-            self.target.charge(now, cost, &self.quota)
-        })
+        allow_at(
+            clock_nanos(&*self.target.clock),
+            |now| self.target.charge(now, cost, &self.quota),
+            |now, decided| self.target.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`BucketHandle::check_now`] under this quota.
@@ -302,9 +319,12 @@ impl Under<'_, BucketHandle> {
     ///
     /// As [`BucketHandle::check_now`], with this quota's capacity.
     pub fn check_now(&self, cost: u64) -> Result<u64, Denial> {
-        check_at(clock_nanos(&*self.target.clock), &self.quota, |now| {
-            self.target.charge(now, cost, &self.quota)
-        })
+        check_at(
+            clock_nanos(&*self.target.clock),
+            &self.quota,
+            |now| self.target.charge(now, cost, &self.quota),
+            |now, decided| self.target.tally.decided(now, cost, decided),
+        )
     }
 
     /// [`BucketHandle::remaining_now`] under this quota.

@@ -51,6 +51,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     pub(super) fn sweep_nanos(&self, now: u64) -> usize {
+        let started = std::time::Instant::now();
         let mut removed = 0;
         self.buckets.retain(|key, bucket| {
             let evict = match bucket.word() {
@@ -69,6 +70,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             !evict
         });
         self.occupancy.swept(removed, self.buckets.len());
+        self.observer.counters.swept(removed, started.elapsed());
         removed
     }
 

@@ -40,7 +40,7 @@ use std::time::Duration;
 /// # }
 /// ```
 pub struct BlockingRedisLimiter {
-    settings: Settings,
+    pub(super) settings: Settings,
     client: Client,
     /// The open connection; `None` after a failure, until the next call
     /// reconnects.
@@ -275,7 +275,7 @@ impl BlockingRedisLimiter {
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         let call = match self.settings.prepare(key, now, cost, quota) {
             Ok(call) => call,
-            Err(decided) => return Ok(decided),
+            Err(decided) => return self.settings.record(cost, Ok(decided)),
         };
         let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.lock();
@@ -297,7 +297,8 @@ impl BlockingRedisLimiter {
             *slot = None;
         }
         drop(slot);
-        self.settings.finish(&call, answer)
+        self.settings
+            .record(cost, self.settings.finish(&call, answer))
     }
 
     fn open(&self) -> Result<Connection, RedisLimiterError> {

@@ -306,7 +306,7 @@ where
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
         let call = match self.settings.prepare(key, now, cost, quota) {
             Ok(call) => call,
-            Err(decided) => return Ok(decided),
+            Err(decided) => return self.settings.record(cost, Ok(decided)),
         };
         let invocation = self.settings.invocation(&call);
         let mut connection = self.connection.clone();
@@ -315,7 +315,8 @@ where
             .await
             .map_err(|_| RedisLimiterError::timeout(timeout))
             .and_then(|answer| answer.map_err(RedisLimiterError::from));
-        self.settings.finish(&call, answer)
+        self.settings
+            .record(cost, self.settings.finish(&call, answer))
     }
 }
 

@@ -26,6 +26,7 @@ mod limiter;
 mod mirror;
 mod script;
 mod settings;
+mod stats;
 
 pub use self::blocking::BlockingRedisLimiter;
 pub use self::error::{FailurePolicy, RedisErrorKind, RedisLimiterError};

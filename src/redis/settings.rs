@@ -41,6 +41,8 @@ pub(super) struct Settings {
     pub(super) failure_policy: FailurePolicy,
     /// The local deny mirror, shared by clones; `None` when turned off.
     pub(super) mirror: Option<Arc<Mirror>>,
+    /// Decision counters, shared by clones (see `stats`).
+    pub(super) counters: Arc<crate::observe::Counters>,
 }
 
 impl Settings {
@@ -53,6 +55,7 @@ impl Settings {
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
             mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
+            counters: Arc::new(crate::observe::Counters::new(true)),
         }
     }
 

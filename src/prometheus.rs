@@ -1,0 +1,337 @@
+//! Prometheus text exposition of limiters' counters, their top offenders
+//! and the layer's responses (feature `prometheus`).
+//!
+//! [`Metrics`] names the limiters (and layers) to expose, and
+//! [`render`](Metrics::render) reads them and encodes the Prometheus text
+//! format (version 0.0.4, [`CONTENT_TYPE`]) with the `prometheus` crate.
+//! Every series carries a `limiter` label (the name given), and:
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `keyrate_admitted_total` | counter | |
+//! | `keyrate_admitted_cost_total` | counter | |
+//! | `keyrate_denied_total` | counter | `reason`: `insufficient_tokens`, `exceeds_capacity`, `invalid_timestamp`, `limiter_full` |
+//! | `keyrate_buckets_created_total`, `keyrate_buckets_evicted_total` | counter | |
+//! | `keyrate_sweeps_total`, `keyrate_sweep_seconds_total` | counter | |
+//! | `keyrate_backend_errors_total` | counter | (Redis limiters) |
+//! | `keyrate_buckets` | gauge | (in-memory limiters) |
+//! | `keyrate_offender_denials` | gauge | `key`: one series per top offender |
+//! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
+//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `503`; `limiter` is the layer's name |
+//!
+//! # Cardinality
+//!
+//! A limiter contributes at most 14 series plus one per listed offender,
+//! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
+//! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
+//! arrive; a layer contributes 5. So `n` limiters and `m` layers expose at
+//! most `n * (14 + top) + 5 * m` series.
+//!
+//! Keys appear as label values (by their `Display`): if your keys are
+//! secrets (API keys), key the limiter by a non-secret id, or do not expose
+//! offenders (`with_top_offenders(0)`).
+
+use crate::keyed::TokenBucketLimiter;
+use crate::observe::{Offenders, Stats};
+use ::prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use std::fmt;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+
+/// Offenders listed per limiter unless [`Metrics::with_top_offenders`]
+/// says otherwise.
+pub const DEFAULT_TOP_OFFENDERS: usize = 10;
+
+/// The `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A limiter that [`Metrics`] can expose: its counters, and its top
+/// offenders with keys as label values.
+pub trait Observe: Send + Sync {
+    /// The limiter's counters.
+    fn stats(&self) -> Stats;
+    /// The `n` keys denied most, as label values; none by default.
+    fn top_offenders(&self, n: usize) -> Offenders<String> {
+        let _ = n;
+        Offenders {
+            top: Vec::new(),
+            max_error: 0,
+            denials: 0,
+        }
+    }
+    /// The buckets held, if the limiter knows.
+    fn buckets(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl<K, S> Observe for TokenBucketLimiter<K, S>
+where
+    K: Hash + Eq + Clone + fmt::Display + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync,
+{
+    fn stats(&self) -> Stats {
+        TokenBucketLimiter::stats(self)
+    }
+
+    fn top_offenders(&self, n: usize) -> Offenders<String> {
+        let offenders = TokenBucketLimiter::top_offenders(self, n);
+        Offenders {
+            top: offenders
+                .top
+                .into_iter()
+                .map(|(key, count)| (key.to_string(), count))
+                .collect(),
+            max_error: offenders.max_error,
+            denials: offenders.denials,
+        }
+    }
+
+    fn buckets(&self) -> Option<usize> {
+        Some(self.len())
+    }
+}
+
+/// A reader of a layer's responses.
+type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 5] + Send + Sync>;
+
+/// The limiters and layers to expose, and how many offenders to list.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::prometheus::Metrics;
+/// use keyrate::TokenBucketLimiter;
+/// use std::sync::Arc;
+///
+/// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
+/// let metrics = Metrics::new().limiter("api", limiter.clone());
+/// assert!(limiter.allow("alice", 0.0));
+/// assert!(limiter.allow("mallory", 0.0));
+/// assert!(!limiter.allow("mallory", 0.0));
+/// let text = metrics.render();
+/// assert!(text.contains(r#"keyrate_admitted_total{limiter="api"} 2"#));
+/// assert!(text.contains(r#"keyrate_offender_denials{key="mallory",limiter="api"} 1"#));
+/// ```
+pub struct Metrics {
+    limiters: Vec<(String, Arc<dyn Observe>)>,
+    layers: Vec<(String, ResponsesFn)>,
+    top: usize,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limiters: Vec<_> = self.limiters.iter().map(|(name, _)| name).collect();
+        let layers: Vec<_> = self.layers.iter().map(|(name, _)| name).collect();
+        f.debug_struct("Metrics")
+            .field("limiters", &limiters)
+            .field("layers", &layers)
+            .field("top", &self.top)
+            .finish()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Nothing to expose yet; [`DEFAULT_TOP_OFFENDERS`] offenders per limiter.
+    #[must_use]
+    pub fn new() -> Self {
+        Metrics {
+            limiters: Vec::new(),
+            layers: Vec::new(),
+            top: DEFAULT_TOP_OFFENDERS,
+        }
+    }
+
+    /// Lists at most `n` offenders per limiter (0: none).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::TokenBucketLimiter;
+    /// use std::sync::Arc;
+    ///
+    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
+    /// let metrics = Metrics::new().with_top_offenders(0).limiter("api", limiter.clone());
+    /// assert!(limiter.allow("k", 0.0) && !limiter.allow("k", 0.0));
+    /// assert!(!metrics.render().contains("keyrate_offender_denials{"));
+    /// ```
+    #[must_use]
+    pub fn with_top_offenders(mut self, n: usize) -> Self {
+        self.top = n;
+        self
+    }
+
+    /// Exposes `limiter` under `limiter="name"`.
+    #[must_use]
+    pub fn limiter(mut self, name: &str, limiter: Arc<dyn Observe>) -> Self {
+        self.limiters.push((name.to_owned(), limiter));
+        self
+    }
+
+    /// Exposes `layer`'s responses by status under `limiter="name"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::{bearer_token, RateLimitLayer};
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::TokenBucketLimiter;
+    /// use std::sync::Arc;
+    ///
+    /// let layer = RateLimitLayer::new(Arc::new(TokenBucketLimiter::new(1.0, 1)), bearer_token);
+    /// let metrics = Metrics::new().layer("api", &layer);
+    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="api",status="429"} 0"#));
+    /// ```
+    #[cfg(feature = "tower")]
+    #[must_use]
+    pub fn layer<F, C, K, S, P>(
+        mut self,
+        name: &str,
+        layer: &crate::RateLimitLayer<F, C, K, S, P>,
+    ) -> Self {
+        let counts = layer.response_counts();
+        let read = move || {
+            let r = counts.read();
+            [
+                ("200", r.admitted),
+                ("401", r.unauthorized),
+                ("413", r.payload_too_large),
+                ("429", r.too_many_requests),
+                ("503", r.unavailable),
+            ]
+        };
+        self.layers.push((name.to_owned(), Box::new(read)));
+        self
+    }
+
+    /// The current values, in the Prometheus text format.
+    #[must_use]
+    pub fn render(&self) -> String {
+        match self.encode() {
+            Ok(text) => text,
+            // Only a bug in the metric definitions below can fail.
+            Err(err) => format!("# keyrate: cannot encode metrics: {err}\n"),
+        }
+    }
+
+    fn encode(&self) -> Result<String, ::prometheus::Error> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, ::prometheus::Error>(metric)
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, ::prometheus::Error>(metric)
+        };
+        let limiter = &["limiter"];
+        let admitted = counter("keyrate_admitted_total", "Calls admitted.", limiter)?;
+        let cost = counter(
+            "keyrate_admitted_cost_total",
+            "Tokens spent by admitted calls.",
+            limiter,
+        )?;
+        let denied = counter(
+            "keyrate_denied_total",
+            "Calls denied, by reason.",
+            &["limiter", "reason"],
+        )?;
+        let created = counter("keyrate_buckets_created_total", "Buckets created.", limiter)?;
+        let evicted = counter(
+            "keyrate_buckets_evicted_total",
+            "Buckets evicted by sweeps.",
+            limiter,
+        )?;
+        let sweeps = counter("keyrate_sweeps_total", "Sweeps run.", limiter)?;
+        let sweep_seconds = CounterVec::new(
+            Opts::new("keyrate_sweep_seconds_total", "Time spent sweeping."),
+            limiter,
+        )?;
+        registry.register(Box::new(sweep_seconds.clone()))?;
+        let backend = counter(
+            "keyrate_backend_errors_total",
+            "Calls whose backend (Redis) round trip failed.",
+            limiter,
+        )?;
+        let buckets = gauge("keyrate_buckets", "Buckets held.", limiter)?;
+        let offender = gauge(
+            "keyrate_offender_denials",
+            "Approximate denials of a top offender in the recent window.",
+            &["limiter", "key"],
+        )?;
+        let max_error = gauge(
+            "keyrate_offenders_max_error",
+            "The most by which an offender's count can be off.",
+            limiter,
+        )?;
+        let window = gauge(
+            "keyrate_offenders_window_denials",
+            "Denials counted in the offenders' window.",
+            limiter,
+        )?;
+        for (name, source) in &self.limiters {
+            let stats = source.stats();
+            let l = &[name.as_str()];
+            admitted.with_label_values(l).inc_by(stats.admitted);
+            cost.with_label_values(l).inc_by(stats.admitted_cost);
+            for (reason, n) in [
+                ("insufficient_tokens", stats.denied_insufficient_tokens),
+                ("exceeds_capacity", stats.denied_exceeds_capacity),
+                ("invalid_timestamp", stats.denied_invalid_timestamp),
+                ("limiter_full", stats.denied_limiter_full),
+            ] {
+                denied.with_label_values(&[name.as_str(), reason]).inc_by(n);
+            }
+            created.with_label_values(l).inc_by(stats.buckets_created);
+            evicted.with_label_values(l).inc_by(stats.buckets_evicted);
+            sweeps.with_label_values(l).inc_by(stats.sweeps);
+            sweep_seconds
+                .with_label_values(l)
+                .inc_by(stats.sweep_time.as_secs_f64());
+            backend.with_label_values(l).inc_by(stats.backend_errors);
+            if let Some(n) = source.buckets() {
+                buckets.with_label_values(l).set(saturate(n as u64));
+            }
+            let offenders = source.top_offenders(self.top);
+            for (key, count) in offenders.top.iter().take(self.top) {
+                offender
+                    .with_label_values(&[name.as_str(), key.as_str()])
+                    .set(saturate(*count));
+            }
+            max_error
+                .with_label_values(l)
+                .set(saturate(offenders.max_error));
+            window.with_label_values(l).set(saturate(offenders.denials));
+        }
+        if !self.layers.is_empty() {
+            let responses = counter(
+                "keyrate_http_responses_total",
+                "Responses of the rate-limit layer, by status (200: passed on).",
+                &["limiter", "status"],
+            )?;
+            for (name, read) in &self.layers {
+                for (status, n) in read() {
+                    responses
+                        .with_label_values(&[name.as_str(), status])
+                        .inc_by(n);
+                }
+            }
+        }
+        let mut text = String::new();
+        TextEncoder::new().encode_utf8(&registry.gather(), &mut text)?;
+        Ok(text)
+    }
+}
+
+fn saturate(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}

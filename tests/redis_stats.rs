@@ -1,0 +1,59 @@
+//! The Redis limiters count their decisions like the in-memory one, plus
+//! failed round trips. Needs `KEYRATE_REDIS_URL` (see `redis_support`).
+#![cfg(not(loom))]
+
+mod redis_support;
+
+use keyrate::{BlockingRedisLimiter, FailurePolicy, Quota};
+use redis_support::{limiter, raw, unique_prefix, url, TEST_TIMEOUT};
+
+#[tokio::test]
+async fn async_decisions_are_counted_by_outcome() {
+    let Some(limiter) = limiter("stats_async", Quota::new(1.0, 3).unwrap()).await else {
+        return;
+    };
+    assert!(limiter.allow_n("k", 0.0, 2).await);
+    assert!(!limiter.allow_n("k", 0.0, 2).await);
+    assert!(!limiter.allow_n("k", 0.0, 4).await);
+    assert!(!limiter.allow("k", f64::NAN).await);
+    let clone = limiter.clone();
+    assert!(clone.allow("k", 0.0).await);
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.admitted_cost), (2, 3));
+    assert_eq!(stats.denied_insufficient_tokens, 1);
+    assert_eq!(stats.denied_exceeds_capacity, 1);
+    assert_eq!(stats.denied_invalid_timestamp, 1);
+    assert_eq!(stats.backend_errors, 0);
+
+    // A bucket key holding a hash: the script fails, the failure policy
+    // (closed) denies, and the call counts as a backend error only.
+    let Some(url) = url() else { return };
+    let mut raw = raw(&url).await;
+    let _: () = redis::cmd("HSET")
+        .arg(limiter.bucket_key("bad"))
+        .arg("f")
+        .arg("v")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(limiter.failure_policy(), FailurePolicy::Closed);
+    assert!(limiter.check("bad", 0.0, 1).await.is_err());
+    assert!(!limiter.allow("bad", 0.0).await);
+    let after = limiter.stats();
+    assert_eq!(after.backend_errors, 2);
+    assert_eq!(after.denied(), stats.denied());
+    assert_eq!(after.admitted, stats.admitted);
+}
+
+#[test]
+fn blocking_decisions_and_failures_are_counted() {
+    let Some(url) = url() else { return };
+    let limiter = BlockingRedisLimiter::connect(&url, Quota::new(1.0, 1).unwrap())
+        .unwrap()
+        .with_prefix(unique_prefix("stats_blocking"))
+        .with_timeout(TEST_TIMEOUT);
+    assert!(limiter.allow("k", 0.0));
+    assert!(!limiter.allow("k", 0.0));
+    let stats = limiter.stats();
+    assert_eq!((stats.admitted, stats.denied_insufficient_tokens), (1, 1));
+}
