@@ -97,11 +97,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
+        let buckets = Map::with_hasher(hasher.clone());
         TokenBucketLimiter {
             quota,
-            buckets: Map::with_hasher(hasher.clone()),
+            occupancy: Occupancy::new(buckets.shard_count()),
+            buckets,
             moved: Map::with_hasher(hasher),
-            occupancy: Occupancy::new(),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
         }
@@ -156,16 +157,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the automatic sweep on (the default) or off.
     ///
-    /// With it on, creating buckets now and then sweeps the whole map at
-    /// the creating call's timestamp (see [`sweep`](Self::sweep)): a sweep
-    /// runs once the calls that tried to create a bucket since the last
-    /// sweep reach the number of buckets that sweep left (at least
-    /// 1024). Each sweep is one pass over the map, paid for by that many
-    /// creations, so the cost per created bucket is amortised O(1) (one
-    /// bucket visited per creation, on average), and the buckets held stay
-    /// below twice the keys active within the last
-    /// [`refill_time`](Quota::refill_time) (or 2048). The call that
-    /// triggers a sweep pays for the whole pass.
+    /// With it on, creating buckets now and then sweeps one of the map's
+    /// 256 shards at the creating call's timestamp (as
+    /// [`sweep`](Self::sweep) does for all of them). A pass visits every
+    /// shard in turn and is spread over as many calls that tried to create
+    /// a bucket as the previous pass left buckets (at least 1024), so the
+    /// cost per created bucket is amortised O(1) (one bucket visited per
+    /// creation, on average), no call pays for more than one shard (about
+    /// 1/256 of the buckets), and the buckets held stay below about twice
+    /// the keys active within the last [`refill_time`](Quota::refill_time)
+    /// (or 2048).
     ///
     /// # Examples
     ///
