@@ -9,6 +9,11 @@
 //! - `churn`: every call is a key the limiter has never seen (a fresh
 //!   limiter per round of 100,000 keys, made outside the timed region).
 //! - `mixed`: one hot key, costs cycling through 1, 4, 2, 8, 1, 16, 3, 1.
+//! - `hammer_k{k}` for k in 1, 2, 3, 4, 8, 64 (1 and 2 threads, keyrate
+//!   and governor only): every thread rotates over the same k empty keys;
+//!   everything is denied. An abuser with a few API keys. After the
+//!   criterion runs, keyrate's hot-key promotions per million calls are
+//!   counted for each k (see `promotions`).
 //!
 //! Timestamps are supplied by the caller: each thread advances its own
 //! timestamp 1 µs per call, and nothing reads a clock inside the timed
@@ -58,6 +63,10 @@ enum Pick {
     Churn {
         per_thread: usize,
     },
+    /// Keys `0..k` in turn, each thread starting at its own offset.
+    Rotate {
+        k: usize,
+    },
 }
 
 impl Pick {
@@ -70,6 +79,7 @@ impl Pick {
                 (((*state >> 32) * SPREAD_KEYS as u64) >> 32) as usize
             }
             Pick::Churn { per_thread } => thread * per_thread + i as usize,
+            Pick::Rotate { k } => (thread + i as usize) % k,
         }
     }
 }
@@ -238,14 +248,31 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
 
 /// A scenario on one long-lived limiter per competitor (hot keys, spread).
 fn steady(c: &mut Criterion, group_name: &str, spec: Spec, key_count: usize, scenario: Scenario) {
+    steady_among(c, group_name, spec, key_count, scenario, &[], &THREADS);
+}
+
+/// [`steady`] for the competitors named in `only` (all if empty), at
+/// `thread_counts`.
+fn steady_among(
+    c: &mut Criterion,
+    group_name: &str,
+    spec: Spec,
+    key_count: usize,
+    scenario: Scenario,
+    only: &[&str],
+    thread_counts: &[usize],
+) {
     let keys = keys(key_count);
     let mut group = c.benchmark_group(group_name);
-    for (name, make) in competitors(spec, &keys, true) {
+    for (name, make) in competitors(spec, &keys, only.is_empty()) {
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
         let limiter = make();
         // Outside the measurement: every key gets its bucket, and the
         // hot-deny key spends its only token.
         limiter.warm(key_count);
-        for threads in THREADS {
+        for &threads in thread_counts {
             group.throughput(Throughput::Elements(threads as u64 * BATCH));
             group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
                 b.iter_custom(|iters| limiter.run(name, threads, iters * BATCH, &scenario));
@@ -315,8 +342,77 @@ fn scenarios(c: &mut Criterion) {
     let spread = Scenario::new(Pick::Spread, ONE, Expect::AllAdmitted);
     steady(c, "spread", Spec::ADMIT, SPREAD_KEYS, spread);
     churn(c);
+    for k in HAMMERED {
+        let hammer = Scenario::new(Pick::Rotate { k }, ONE, Expect::AllDenied);
+        let only = ["keyrate", "governor"];
+        steady_among(
+            c,
+            &format!("hammer_k{k}"),
+            Spec::DENY,
+            k,
+            hammer,
+            &only,
+            &[1, 2],
+        );
+    }
     hasher(c);
+    promotions();
 }
+
+/// Key counts of the `hammer_k` scenarios.
+const HAMMERED: [usize; 6] = [1, 2, 3, 4, 8, 64];
+
+/// keyrate's hot-key promotions in the `hammer_k` workload (1 thread,
+/// denied calls), seen through allocations: a denied call allocates
+/// nothing, and a promotion allocates the cache's copy of the key (its
+/// `String` and the box around it) and, the first time a key is promoted,
+/// the bucket's two `Arc`s and its entry in the side map: about 6
+/// allocations. `6 * k` per million calls means each key was promoted once
+/// and never churned out.
+fn promotions() {
+    println!("hot-key cache allocations per million calls (1 thread, all denied):");
+    for k in HAMMERED {
+        let keys = keys(k);
+        let limiter = Keyrate::new(Spec::DENY, keys);
+        limiter.warm(k);
+        let scenario = Scenario::new(Pick::Rotate { k }, ONE, Expect::AllDenied);
+        // The harness's own allocations (threads), measured on a run of
+        // no calls, are taken off.
+        let count = |calls| {
+            let before = ALLOCATIONS.load(Relaxed);
+            let _ = limiter.run("keyrate", 1, calls, &scenario);
+            ALLOCATIONS.load(Relaxed) - before
+        };
+        let harness = count(0);
+        let allocations = count(1_000_000).saturating_sub(harness);
+        println!("  k={k}: {allocations} allocations per million calls");
+    }
+}
+
+/// The system allocator, counting allocations (for [`promotions`]).
+struct Counting;
+
+/// Allocations made so far. Relaxed: a plain counter, read after the
+/// threads that allocate have been joined.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: both methods forward to `System` with the caller's own arguments,
+// so `System`'s guarantees carry over; the counter never affects them.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded as is; `ptr` came from `alloc` above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn config() -> Criterion {
     // Short runs: the whole suite (about 100 benchmarks) takes a few

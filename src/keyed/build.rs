@@ -187,8 +187,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the per-thread hot-key cache on (the default) or off.
     ///
-    /// With it on, a key that makes up more than a third of one thread's
-    /// calls (counted with two Misra-Gries counters; 64 net votes win) is
+    /// With it on, a key that makes up more than a ninth of one thread's
+    /// calls (counted with eight Misra-Gries counters; 64 net votes win) is
     /// cached by that thread: its bucket
     /// moves to an `Arc`, as for a [`BucketHandle`], and the thread's
     /// later calls on that key compare the key with the cached one and spend
@@ -196,7 +196,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// shared write per denial, where a map lookup writes the shard's lock
     /// word. Decisions are the same either way, and a cached bucket is swept
     /// like any other (the cache forgets it on its next call). Each thread
-    /// caches at most two keys over all limiters, holding a copy of each;
+    /// caches at most eight keys over all limiters, holding a copy of each;
     /// the copies are dropped when the thread exits or caches other keys.
     ///
     /// # Examples
