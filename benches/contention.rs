@@ -6,6 +6,8 @@
 //! - `hot_admit`: every thread calls one key; everything is admitted.
 //! - `hot_deny`: every thread calls one empty key; everything is denied.
 //! - `spread`: 10,000 keys picked pseudo-randomly; everything admitted.
+//! - `spread_n{n}` for n in 10^4, 10^5, 10^6 (1 and 2 threads, keyrate,
+//!   governor and the bare-DashMap floor `dashmap_word` only).
 //! - `churn`: every call is a key the limiter has never seen (a fresh
 //!   limiter per round of 100,000 keys, made outside the timed region).
 //! - `mixed`: one hot key, costs cycling through 1, 4, 2, 8, 1, 16, 3, 1.
@@ -32,8 +34,8 @@
 mod common;
 
 use common::{
-    api_key, mix, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, KeyrateHandle, MutexMap,
-    SccBoxWord, Spec,
+    api_key, mix, AtomicFloor, Competitor, DashTuple, DashWord, Governor, Keyrate, KeyrateHandle,
+    MutexMap, SccBoxWord, Spec,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hash::BuildHasher;
@@ -58,7 +60,10 @@ const MIXED: &[u32] = &[1, 4, 2, 8, 1, 16, 3, 1];
 #[derive(Clone, Copy)]
 enum Pick {
     Hot,
-    Spread,
+    /// One of `n` keys, picked pseudo-randomly.
+    Spread {
+        n: usize,
+    },
     /// Key `thread * per_thread + i`: never seen by this round's limiter.
     Churn {
         per_thread: usize,
@@ -74,9 +79,9 @@ impl Pick {
     fn key(self, thread: usize, i: u64, state: &mut u64) -> usize {
         match self {
             Pick::Hot => 0,
-            Pick::Spread => {
+            Pick::Spread { n } => {
                 *state = mix(*state);
-                (((*state >> 32) * SPREAD_KEYS as u64) >> 32) as usize
+                (((*state >> 32) * n as u64) >> 32) as usize
             }
             Pick::Churn { per_thread } => thread * per_thread + i as usize,
             Pick::Rotate { k } => (thread + i as usize) % k,
@@ -235,6 +240,7 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         "dashmap_tuple",
         make(keys, move |k| DashTuple::new(spec, k)),
     ));
+    all.push(("dashmap_word", make(keys, move |k| DashWord::new(spec, k))));
     all.push((
         "scc_box_word",
         make(keys, move |k| SccBoxWord::new(spec, k)),
@@ -339,8 +345,23 @@ fn scenarios(c: &mut Criterion) {
     );
     steady(c, "hot_deny", Spec::DENY, 1, hot(ONE, Expect::AllDenied));
     steady(c, "mixed", Spec::ADMIT, 1, hot(MIXED, Expect::AllAdmitted));
-    let spread = Scenario::new(Pick::Spread, ONE, Expect::AllAdmitted);
+    let spread = Scenario::new(Pick::Spread { n: SPREAD_KEYS }, ONE, Expect::AllAdmitted);
     steady(c, "spread", Spec::ADMIT, SPREAD_KEYS, spread);
+    // The spread at server scale, against governor and the bare-DashMap
+    // floor only.
+    for n in [10_000, 100_000, 1_000_000] {
+        let spread = Scenario::new(Pick::Spread { n }, ONE, Expect::AllAdmitted);
+        let only = ["keyrate", "governor", "dashmap_word"];
+        steady_among(
+            c,
+            &format!("spread_n{n}"),
+            Spec::ADMIT,
+            n,
+            spread,
+            &only,
+            &[1, 2],
+        );
+    }
     churn(c);
     for k in HAMMERED {
         let hammer = Scenario::new(Pick::Rotate { k }, ONE, Expect::AllDenied);

@@ -1,7 +1,7 @@
 //! The keyed store: a concurrent map from keys to values, used only through
 //! the handful of operations below.
 //!
-//! The production map is [`SHARDS`] hashbrown [`HashTable`]s, each behind its
+//! The production map is [`SHARDS`] hashbrown `HashTable`s, each behind its
 //! own read-write lock (the shape of a `DashMap`, whose shards cannot be
 //! reached one at a time without `unsafe`). A key's hash, computed once per
 //! call, picks its shard and then its slot. Owning the shards lets the
@@ -20,26 +20,39 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-/// Shards in the production map: a power of two. 256 keeps a shard near
-/// 4,000 entries at a million keys (a sweep step or a rehash of that size
-/// takes tens of microseconds), for 32 KiB of padded locks per limiter.
+/// Shards in the main map: a power of two. 256 keeps a shard near 4,000
+/// entries at a million keys (a sweep step or a rehash of that size takes
+/// tens of microseconds), for 10 KiB of locks and table headers. The
+/// shards are not padded to a cache line each (that would cost 32 KiB, 3
+/// bytes a key at 10,000 keys): two threads meet on one line only when
+/// they call neighbouring shards at once.
 #[cfg(not(loom))]
-const SHARDS: usize = 256;
+pub(crate) const SHARDS: usize = 256;
+
+/// Shards in the side map of moved buckets (handles and hot keys): it
+/// stays small.
+#[cfg(not(loom))]
+pub(crate) const FEW_SHARDS: usize = 8;
 
 #[cfg(not(loom))]
-type Shard<K, V> = crossbeam_utils::CachePadded<parking_lot::RwLock<hashbrown::HashTable<(K, V)>>>;
+type Shard<K, V> = parking_lot::RwLock<hashbrown::HashTable<(K, V)>>;
 
 #[cfg(not(loom))]
 pub(crate) struct Map<K, V, S> {
     shards: Box<[Shard<K, V>]>,
+    /// `64 - log2(shards.len())`: the shift that leaves a shard index.
+    shift: u32,
     hasher: S,
 }
 
 #[cfg(not(loom))]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(hasher: S) -> Self {
+    /// An empty map of `shards` shards (a power of two).
+    pub(crate) fn with_hasher(hasher: S, shards: usize) -> Self {
+        assert!(shards.is_power_of_two() && shards > 1);
         Map {
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..shards).map(|_| Shard::default()).collect(),
+            shift: 64 - shards.trailing_zeros(),
             hasher,
         }
     }
@@ -49,7 +62,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     }
 
     pub(crate) fn shard_count(&self) -> usize {
-        SHARDS
+        self.shards.len()
     }
 
     /// `key`'s hash, and the shard it lives in.
@@ -58,7 +71,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         let hash = self.hasher.hash_one(key);
         // The bits below hashbrown's 7-bit tag (the hash's top bits), so
         // that the keys of one shard still spread over all tags.
-        let index = ((hash << 7) >> (64 - SHARDS.trailing_zeros())) as usize;
+        let index = ((hash << 7) >> self.shift) as usize;
         (hash, &self.shards[index])
     }
 
@@ -139,7 +152,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     /// Keeps the entries for which `keep` returns true, each shard under
     /// its write lock in turn.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
-        for index in 0..SHARDS {
+        for index in 0..self.shards.len() {
             self.retain_shard(index, &mut keep);
         }
     }
@@ -181,13 +194,18 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
 }
 
 #[cfg(loom)]
+pub(crate) const SHARDS: usize = 1;
+#[cfg(loom)]
+pub(crate) const FEW_SHARDS: usize = 1;
+
+#[cfg(loom)]
 pub(crate) struct Map<K, V, S> {
     inner: loom::sync::RwLock<std::collections::HashMap<K, V, S>>,
 }
 
 #[cfg(loom)]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(hasher: S) -> Self {
+    pub(crate) fn with_hasher(hasher: S, _shards: usize) -> Self {
         Map {
             inner: loom::sync::RwLock::new(std::collections::HashMap::with_hasher(hasher)),
         }

@@ -4,7 +4,7 @@ use super::{DefaultHasher, Occupancy, TokenBucketLimiter};
 use crate::error::ConfigError;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
-use crate::store::Map;
+use crate::store::{Map, FEW_SHARDS, SHARDS};
 use crate::sync::AtomicUsize;
 use crate::time::{Clock, MonotonicClock};
 use crossbeam_utils::CachePadded;
@@ -97,12 +97,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
-        let buckets = Map::with_hasher(hasher.clone());
+        let buckets = Map::with_hasher(hasher.clone(), SHARDS);
         TokenBucketLimiter {
             quota,
             occupancy: Occupancy::new(buckets.shard_count()),
             buckets,
-            moved: Map::with_hasher(hasher),
+            moved: Map::with_hasher(hasher, FEW_SHARDS),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
         }
