@@ -133,7 +133,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Caps the number of buckets held at `max_buckets`.
     ///
     /// When the cap is reached and an automatic sweep frees nothing, a call
-    /// for a key without a bucket is denied with [`Denial::LimiterFull`]
+    /// for a key without a bucket is denied with [`Denial::LimiterFull`](crate::Denial::LimiterFull)
     /// (fail closed), while keys that already have a bucket keep working
     /// exactly as before. Memory then stays bounded whatever keys arrive.
     ///
@@ -190,7 +190,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// With it on, a key that makes up more than a ninth of one thread's
     /// calls (counted with eight Misra-Gries counters; 64 net votes win) is
     /// cached by that thread: its bucket
-    /// moves to an `Arc`, as for a [`BucketHandle`], and the thread's
+    /// moves to an `Arc`, as for a [`BucketHandle`](crate::BucketHandle), and the thread's
     /// later calls on that key compare the key with the cached one and spend
     /// with no map lookup. A key hammered from several threads then costs no
     /// shared write per denial, where a map lookup writes the shard's lock

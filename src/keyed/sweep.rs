@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hash};
 /// # Housekeeping: eviction and memory
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Removes every bucket that is full at `timestamp` and has no live
-    /// [`BucketHandle`]; returns how many were removed.
+    /// [`BucketHandle`](crate::BucketHandle); returns how many were removed.
     ///
     /// A full bucket is indistinguishable from a key never seen, so this
     /// changes no later decision made at or after `timestamp`. An invalid
