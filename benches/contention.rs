@@ -6,9 +6,16 @@
 //! - `hot_admit`: every thread calls one key; everything is admitted.
 //! - `hot_deny`: every thread calls one empty key; everything is denied.
 //! - `spread`: 10,000 keys picked pseudo-randomly; everything admitted.
+//! - `spread_n{n}` for n in 10^4, 10^5, 10^6 (1 and 2 threads, keyrate,
+//!   governor and the bare-DashMap floor `dashmap_word` only).
 //! - `churn`: every call is a key the limiter has never seen (a fresh
 //!   limiter per round of 100,000 keys, made outside the timed region).
 //! - `mixed`: one hot key, costs cycling through 1, 4, 2, 8, 1, 16, 3, 1.
+//! - `hammer_k{k}` for k in 1, 2, 3, 4, 8, 64 (1 and 2 threads, keyrate
+//!   and governor only): every thread rotates over the same k empty keys;
+//!   everything is denied. An abuser with a few API keys. After the
+//!   criterion runs, keyrate's hot-key promotions per million calls are
+//!   counted for each k (see `promotions`).
 //!
 //! Timestamps are supplied by the caller: each thread advances its own
 //! timestamp 1 µs per call, and nothing reads a clock inside the timed
@@ -29,8 +36,8 @@
 mod common;
 
 use common::{
-    api_key, mix, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, KeyrateHandle, MutexMap,
-    SccBoxWord, Spec,
+    api_key, mix, AtomicFloor, Competitor, DashTuple, DashWord, Governor, Keyrate, KeyrateHandle,
+    MutexMap, SccBoxWord, Spec,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hash::BuildHasher;
@@ -55,10 +62,17 @@ const MIXED: &[u32] = &[1, 4, 2, 8, 1, 16, 3, 1];
 #[derive(Clone, Copy)]
 enum Pick {
     Hot,
-    Spread,
+    /// One of `n` keys, picked pseudo-randomly.
+    Spread {
+        n: usize,
+    },
     /// Key `thread * per_thread + i`: never seen by this round's limiter.
     Churn {
         per_thread: usize,
+    },
+    /// Keys `0..k` in turn, each thread starting at its own offset.
+    Rotate {
+        k: usize,
     },
 }
 
@@ -67,11 +81,12 @@ impl Pick {
     fn key(self, thread: usize, i: u64, state: &mut u64) -> usize {
         match self {
             Pick::Hot => 0,
-            Pick::Spread => {
+            Pick::Spread { n } => {
                 *state = mix(*state);
-                (((*state >> 32) * SPREAD_KEYS as u64) >> 32) as usize
+                (((*state >> 32) * n as u64) >> 32) as usize
             }
             Pick::Churn { per_thread } => thread * per_thread + i as usize,
+            Pick::Rotate { k } => (thread + i as usize) % k,
         }
     }
 }
@@ -231,6 +246,7 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         "dashmap_tuple",
         make(keys, move |k| DashTuple::new(spec, k)),
     ));
+    all.push(("dashmap_word", make(keys, move |k| DashWord::new(spec, k))));
     all.push((
         "scc_box_word",
         make(keys, move |k| SccBoxWord::new(spec, k)),
@@ -244,14 +260,31 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
 
 /// A scenario on one long-lived limiter per competitor (hot keys, spread).
 fn steady(c: &mut Criterion, group_name: &str, spec: Spec, key_count: usize, scenario: Scenario) {
+    steady_among(c, group_name, spec, key_count, scenario, &[], &THREADS);
+}
+
+/// [`steady`] for the competitors named in `only` (all if empty), at
+/// `thread_counts`.
+fn steady_among(
+    c: &mut Criterion,
+    group_name: &str,
+    spec: Spec,
+    key_count: usize,
+    scenario: Scenario,
+    only: &[&str],
+    thread_counts: &[usize],
+) {
     let keys = keys(key_count);
     let mut group = c.benchmark_group(group_name);
-    for (name, make) in competitors(spec, &keys, true) {
+    for (name, make) in competitors(spec, &keys, only.is_empty()) {
+        if !only.is_empty() && !only.contains(&name) {
+            continue;
+        }
         let limiter = make();
         // Outside the measurement: every key gets its bucket, and the
         // hot-deny key spends its only token.
         limiter.warm(key_count);
-        for threads in THREADS {
+        for &threads in thread_counts {
             group.throughput(Throughput::Elements(threads as u64 * BATCH));
             group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
                 b.iter_custom(|iters| limiter.run(name, threads, iters * BATCH, &scenario));
@@ -318,11 +351,95 @@ fn scenarios(c: &mut Criterion) {
     );
     steady(c, "hot_deny", Spec::DENY, 1, hot(ONE, Expect::AllDenied));
     steady(c, "mixed", Spec::ADMIT, 1, hot(MIXED, Expect::AllAdmitted));
-    let spread = Scenario::new(Pick::Spread, ONE, Expect::AllAdmitted);
+    let spread = Scenario::new(Pick::Spread { n: SPREAD_KEYS }, ONE, Expect::AllAdmitted);
     steady(c, "spread", Spec::ADMIT, SPREAD_KEYS, spread);
+    // The spread at server scale, against governor and the bare-DashMap
+    // floor only.
+    for n in [10_000, 100_000, 1_000_000] {
+        let spread = Scenario::new(Pick::Spread { n }, ONE, Expect::AllAdmitted);
+        let only = ["keyrate", "governor", "dashmap_word"];
+        steady_among(
+            c,
+            &format!("spread_n{n}"),
+            Spec::ADMIT,
+            n,
+            spread,
+            &only,
+            &[1, 2],
+        );
+    }
     churn(c);
+    for k in HAMMERED {
+        let hammer = Scenario::new(Pick::Rotate { k }, ONE, Expect::AllDenied);
+        let only = ["keyrate", "governor"];
+        steady_among(
+            c,
+            &format!("hammer_k{k}"),
+            Spec::DENY,
+            k,
+            hammer,
+            &only,
+            &[1, 2],
+        );
+    }
     hasher(c);
+    promotions();
 }
+
+/// Key counts of the `hammer_k` scenarios.
+const HAMMERED: [usize; 6] = [1, 2, 3, 4, 8, 64];
+
+/// keyrate's hot-key promotions in the `hammer_k` workload (1 thread,
+/// denied calls), seen through allocations: a denied call allocates
+/// nothing, and a promotion allocates the cache's copy of the key (its
+/// `String` and the box around it) and, the first time a key is promoted,
+/// the bucket's two `Arc`s and its entry in the side map: about 6
+/// allocations. `6 * k` per million calls means each key was promoted once
+/// and never churned out.
+fn promotions() {
+    println!("hot-key cache allocations per million calls (1 thread, all denied):");
+    for k in HAMMERED {
+        let keys = keys(k);
+        let limiter = Keyrate::new(Spec::DENY, keys);
+        limiter.warm(k);
+        let scenario = Scenario::new(Pick::Rotate { k }, ONE, Expect::AllDenied);
+        // The harness's own allocations (threads), measured on a run of
+        // no calls, are taken off.
+        let count = |calls| {
+            let before = ALLOCATIONS.load(Relaxed);
+            let _ = limiter.run("keyrate", 1, calls, &scenario);
+            ALLOCATIONS.load(Relaxed) - before
+        };
+        let harness = count(0);
+        let allocations = count(1_000_000).saturating_sub(harness);
+        println!("  k={k}: {allocations} allocations per million calls");
+    }
+}
+
+/// The system allocator, counting allocations (for [`promotions`]).
+struct Counting;
+
+/// Allocations made so far. Relaxed: a plain counter, read after the
+/// threads that allocate have been joined.
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: both methods forward to `System` with the caller's own arguments,
+// so `System`'s guarantees carry over; the counter never affects them.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        // SAFETY: forwarded as is; the caller upholds `alloc`'s contract.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: forwarded as is; `ptr` came from `alloc` above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn config() -> Criterion {
     // Short runs: the whole suite (about 100 benchmarks) takes a few

@@ -68,9 +68,11 @@ fn two_new_keys_race_for_the_last_place() {
 #[test]
 fn creations_and_a_sweep_keep_the_count_exact() {
     model("5 cap: same new key twice + sweep, max 3 buckets", || {
-        // "old" is full again at 1 s, so the sweep at 1 s always removes
-        // it; the two calls on "a" race to create one bucket, and the loser
-        // must give its reservation back.
+        // "old" is full again at 1 s, so a sweep at 1 s always removes it:
+        // the explicit one here, or the automatic step that a creation of
+        // "a" takes (under loom every creation takes one). The two calls
+        // on "a" race to create one bucket, and the loser must give its
+        // reservation back; both sweeps give back the places they free.
         let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1).with_max_buckets(3));
         assert!(limiter.allow("old", 0.0));
         let threads: Vec<_> = (0..2)
@@ -86,8 +88,12 @@ fn creations_and_a_sweep_keep_the_count_exact() {
             .filter(|&admitted| admitted)
             .count();
         assert_eq!(admitted, 1, "capacity 1");
-        assert_eq!(removed, 1, "the full bucket of \"old\" is always swept");
-        assert_eq!(limiter.len(), 1);
+        assert!(removed <= 1, "removed {removed}");
+        assert_eq!(
+            limiter.len(),
+            1,
+            "the full bucket of \"old\" is always swept"
+        );
         assert_exact_room(&limiter, 3, 1.0);
     });
 }

@@ -2,10 +2,13 @@
 //!
 //! `TokenBucketLimiter::sweep` retires every full bucket that no live
 //! `BucketHandle` shares, with a compare-and-swap of its word to `RETIRED`
-//! under the map's write lock, and removes it. The automatic sweep (run
-//! now and then by a call that creates a bucket) is the same pass, so
-//! these models cover it too; only its pacing counters are left out, as
-//! they decide when a sweep runs and nothing else. The models check that an
+//! under the map's write lock, and removes it. The automatic sweep runs the
+//! same retirement over one shard at a time, a step taken by a call that
+//! creates a bucket; under loom the store is one shard and every creation
+//! takes a step, so every model that creates a bucket races the automatic
+//! sweep too (`automatic_sweep_step_races_keyed_spends` does so on
+//! purpose). Its pacing counters decide when a step runs and nothing
+//! else. The models check that an
 //! admitted spend is never swallowed: after the race, the tokens left
 //! reflect every admitted spend, whether the spend landed before the
 //! retirement (the bucket is then not full and is kept) or after it (on a
@@ -102,6 +105,38 @@ fn limiter_with_used_key() -> Arc<TokenBucketLimiter> {
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2));
     assert!(limiter.allow("k", 0.0));
     limiter
+}
+
+/// A creation of another key at 1 s takes an automatic sweep step (under
+/// loom, over the one shard) that may evict "k", while two keyed spends on
+/// "k" race it.
+#[test]
+fn automatic_sweep_step_races_keyed_spends() {
+    model(
+        "4 limiter: a creation's sweep step vs 2 keyed spends, capacity 2",
+        || {
+            let limiter = limiter_with_used_key();
+            let spenders: Vec<_> = (0..2)
+                .map(|_| {
+                    let limiter = Arc::clone(&limiter);
+                    loom::thread::spawn(move || limiter.allow("k", 1.0))
+                })
+                .collect();
+            assert!(limiter.allow("new", 1.0), "a new key starts full");
+            let admitted = spenders
+                .into_iter()
+                .map(|thread| thread.join().expect("a spender panicked"))
+                .filter(|&admitted| admitted)
+                .count();
+            assert_eq!(admitted, 2, "both spends fit");
+            assert_eq!(limiter.len(), 2, "\"k\" and \"new\", one bucket each");
+            assert_eq!(
+                limiter.remaining("k", 1.0),
+                Some(0),
+                "an admitted spend was swallowed"
+            );
+        },
+    );
 }
 
 #[test]

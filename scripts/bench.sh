@@ -2,7 +2,8 @@
 # Runs the contention benchmarks RUNS times (default 2) and prints, for each
 # scenario and thread count, every competitor's throughput as a ratio to
 # governor keyed from the same run: the median over runs, with the lowest
-# and highest run. Then prints bytes per key.
+# and highest run. Then prints bytes per key, the paired ratios of
+# benches/paired.rs and the latency of benches/latency.rs.
 #
 #   bash scripts/bench.sh                 # full suite, 2 runs (~10 minutes)
 #   RUNS=3 bash scripts/bench.sh
@@ -27,8 +28,8 @@ grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //' || true
 echo "cores: $(nproc)"
 rustc --version
 
-cargo bench --no-run --bench contention --bench bytes_per_key >/dev/null 2>&1 \
-  || cargo bench --no-run --bench contention --bench bytes_per_key
+cargo bench --no-run --bench contention --bench bytes_per_key --bench paired --bench latency >/dev/null 2>&1 \
+  || cargo bench --no-run --bench contention --bench bytes_per_key --bench paired --bench latency
 
 for run in $(seq 1 "$RUNS"); do
   echo "== run $run of $RUNS (load: $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -115,3 +116,16 @@ PY
 
 echo
 cargo bench --bench bytes_per_key 2>/dev/null | tee -a "$OUT/summary.md"
+
+# The paired, interleaved ratios (robust against the machine's slow and
+# fast phases) and the latency of single calls. PAIRED=0 skips both.
+if [ "${PAIRED:-1}" != 0 ] && [ -z "$FILTER" ]; then
+  echo | tee -a "$OUT/summary.md"
+  echo "== paired ratios (benches/paired.rs)" | tee -a "$OUT/summary.md"
+  echo "load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/summary.md"
+  cargo bench --bench paired 2>/dev/null | tee -a "$OUT/summary.md"
+  echo | tee -a "$OUT/summary.md"
+  echo "== latency (benches/latency.rs)" | tee -a "$OUT/summary.md"
+  echo "load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/summary.md"
+  cargo bench --bench latency 2>/dev/null | tee -a "$OUT/summary.md"
+fi

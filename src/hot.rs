@@ -6,8 +6,8 @@
 //! calling that shard takes turns to own. When one key is hammered from
 //! several threads (the attack a limiter exists for), that write, not the
 //! bucket, is what limits throughput. So each thread counts which bucket
-//! its lookups keep finding (Misra-Gries counters, two per thread: a key
-//! that makes up more than a third of a thread's calls keeps gaining
+//! its lookups keep finding (Misra-Gries counters, eight per thread: a key
+//! that makes up more than a ninth of a thread's calls keeps gaining
 //! votes), and once one bucket has won 64 net votes, the limiter moves it
 //! to an `Arc`, exactly
 //! as for a [`BucketHandle`](crate::BucketHandle), and the thread keeps a
@@ -20,7 +20,8 @@
 //! word. Unlike a handle, a cache does not pin the bucket: a sweep may
 //! retire it once it is full, and the thread's next call on the key then
 //! finds it retired, drops the entry and goes to the map. Each thread caches
-//! at most two buckets; a newly promoted key takes the slot with the fewest
+//! at most eight buckets, so an abuser rotating over up to eight keys is
+//! served from the cache; a newly promoted key takes the slot with the fewest
 //! recent hits, and the cache is dropped when the thread exits.
 //!
 //! Under `cfg(loom)` the cache is compiled out (loom runs its threads on one
@@ -41,8 +42,8 @@ mod imp {
     use std::borrow::Borrow;
     use std::cell::RefCell;
 
-    /// Buckets cached per thread, over all limiters.
-    const SLOTS: usize = 2;
+    /// Buckets cached per thread, over all limiters (and vote counters).
+    const SLOTS: usize = 8;
 
     /// Net votes (calls on one bucket minus calls on others) that promote a
     /// bucket into the calling thread's cache.
@@ -83,15 +84,17 @@ mod imp {
     struct Cache {
         entries: [Option<Entry>; SLOTS],
         /// Misra-Gries counters, one per slot: a limiter and bucket address
-        /// (`(0, 0)` when free) and its net votes. With two counters, any
-        /// key that makes up more than a third of a thread's lookups keeps
-        /// gaining votes, so two keys hammered together both get cached.
+        /// (`(0, 0)` when free) and its net votes. With eight counters, any
+        /// key that makes up more than a ninth of a thread's lookups keeps
+        /// gaining votes, so up to eight keys hammered together all get
+        /// cached.
         candidates: [((u64, usize), u32); SLOTS],
     }
 
     impl Cache {
+        const FREE: Option<Entry> = None;
         const EMPTY: Cache = Cache {
-            entries: [None, None],
+            entries: [Self::FREE; SLOTS],
             candidates: [((0, 0), 0); SLOTS],
         };
     }

@@ -1,50 +1,106 @@
 //! The keyed store: a concurrent map from keys to values, used only through
 //! the handful of operations below.
 //!
-//! The production map is a sharded [`DashMap`](dashmap::DashMap). Under
-//! `cfg(loom)` it is replaced by one `loom` read-write lock around a
-//! `HashMap`, standing in for a single shard: loom cannot see DashMap's own
-//! locks, and would report false races through them. The model assumes what
-//! DashMap documents: `read` runs under a shard read lock, and `update`,
-//! `write` and `retain` under the shard's write lock, so those never overlap
-//! any other access to the same key.
+//! The production map is [`SHARDS`] hashbrown `HashTable`s, each behind its
+//! own read-write lock (the shape of a `DashMap`, whose shards cannot be
+//! reached one at a time without `unsafe`). A key's hash, computed once per
+//! call, picks its shard and then its slot. Owning the shards lets the
+//! automatic sweep visit one shard at a time ([`Map::retain_shard`]), and
+//! keeps each shard small: a shard's rehash, and a sweep step, touch about
+//! `len / SHARDS` entries, so no call stalls for a whole-map pass or a
+//! whole-map resize.
+//!
+//! Under `cfg(loom)` the map is one `loom` read-write lock around a
+//! `HashMap`, standing in for a single shard: loom cannot see a
+//! `parking_lot` lock, and would report false races through it. The model
+//! assumes what this file guarantees: `read` runs under a shard read lock,
+//! and `update`, `write` and the `retain*` under the shard's write lock, so
+//! those never overlap any other access to the same key.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
+/// Shards in the main map: a power of two. 256 keeps a shard near 4,000
+/// entries at a million keys (a sweep step or a rehash of that size takes
+/// tens of microseconds), for 10 KiB of locks and table headers. The
+/// shards are not padded to a cache line each (that would cost 32 KiB, 3
+/// bytes a key at 10,000 keys): two threads meet on one line only when
+/// they call neighbouring shards at once.
+#[cfg(not(loom))]
+pub(crate) const SHARDS: usize = 256;
+
+/// Shards in the side map of moved buckets (handles and hot keys): it
+/// stays small.
+#[cfg(not(loom))]
+pub(crate) const FEW_SHARDS: usize = 8;
+
+#[cfg(not(loom))]
+type Shard<K, V> = parking_lot::RwLock<hashbrown::HashTable<(K, V)>>;
+
 #[cfg(not(loom))]
 pub(crate) struct Map<K, V, S> {
-    inner: dashmap::DashMap<K, V, S>,
+    shards: Box<[Shard<K, V>]>,
+    /// `64 - log2(shards.len())`: the shift that leaves a shard index.
+    shift: u32,
+    hasher: S,
 }
 
 #[cfg(not(loom))]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(hasher: S) -> Self {
+    /// An empty map of `shards` shards (a power of two).
+    pub(crate) fn with_hasher(hasher: S, shards: usize) -> Self {
+        assert!(shards.is_power_of_two() && shards > 1);
         Map {
-            inner: dashmap::DashMap::with_hasher(hasher),
+            shards: (0..shards).map(|_| Shard::default()).collect(),
+            shift: 64 - shards.trailing_zeros(),
+            hasher,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.inner.len()
+        self.shards.iter().map(|shard| shard.read().len()).sum()
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// `key`'s hash, and the shard it lives in.
+    #[inline]
+    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &Shard<K, V>) {
+        let hash = self.hasher.hash_one(key);
+        // The bits below hashbrown's 7-bit tag (the hash's top bits), so
+        // that the keys of one shard still spread over all tags.
+        let index = ((hash << 7) >> self.shift) as usize;
+        (hash, &self.shards[index])
     }
 
     /// Runs `f` on `key`'s value, if present, under the shard's read lock.
+    #[inline]
     pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner.get(key).map(|value| f(&value))
+        let (hash, shard) = self.locate(key);
+        let shard = shard.read();
+        shard
+            .find(hash, |(k, _)| k.borrow() == key)
+            .map(|(_, value)| f(value))
     }
 
     /// Runs `f` on `key`'s value, if present, under the shard's write lock.
+    #[inline]
     pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner.get_mut(key).map(|mut value| f(&mut value))
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.write();
+        shard
+            .find_mut(hash, |(k, _)| k.borrow() == key)
+            .map(|(_, value)| f(value))
     }
 
     /// Runs `f` on `key`'s value under the shard's write lock, inserting
@@ -59,8 +115,8 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut value = self.inner.entry(key.to_owned()).or_insert_with(init);
-        f(&mut value)
+        self.try_write(key, || Some(init()), f)
+            .expect("init always inserts")
     }
 
     /// Like [`write`](Self::write), but `init` may decline to insert
@@ -77,16 +133,37 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        match self.inner.entry(key.to_owned()) {
-            dashmap::Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
-            dashmap::Entry::Vacant(entry) => Some(f(&mut entry.insert(init()?))),
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.write();
+        let entry = shard.entry(
+            hash,
+            |(k, _)| k.borrow() == key,
+            |(k, _)| self.hasher.hash_one(k),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(mut entry) => Some(f(&mut entry.get_mut().1)),
+            hashbrown::hash_table::Entry::Vacant(entry) => {
+                let mut entry = entry.insert((key.to_owned(), init()?));
+                Some(f(&mut entry.get_mut().1))
+            }
         }
     }
 
     /// Keeps the entries for which `keep` returns true, each shard under
-    /// its write lock.
+    /// its write lock in turn.
     pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
-        self.inner.retain(|key, value| keep(key, value));
+        for index in 0..self.shards.len() {
+            self.retain_shard(index, &mut keep);
+        }
+    }
+
+    /// [`retain`](Self::retain) over shard `index` alone (below
+    /// [`shard_count`](Self::shard_count)), under its write lock; returns
+    /// the entries it then holds.
+    pub(crate) fn retain_shard(&self, index: usize, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
+        let mut shard = self.shards[index].write();
+        shard.retain(|(key, value)| keep(key, value));
+        shard.len()
     }
 
     /// Removes `key` if `remove` returns true for its value, under the
@@ -96,15 +173,30 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner
-            .remove_if(key, |_, value| remove(value))
-            .is_some()
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.write();
+        match shard.find_entry(hash, |(k, _)| k.borrow() == key) {
+            Ok(entry) if remove(&entry.get().1) => {
+                entry.remove();
+                true
+            }
+            _ => false,
+        }
     }
 
     pub(crate) fn shrink_to_fit(&self) {
-        self.inner.shrink_to_fit();
+        for shard in self.shards.iter() {
+            shard
+                .write()
+                .shrink_to_fit(|(k, _)| self.hasher.hash_one(k));
+        }
     }
 }
+
+#[cfg(loom)]
+pub(crate) const SHARDS: usize = 1;
+#[cfg(loom)]
+pub(crate) const FEW_SHARDS: usize = 1;
 
 #[cfg(loom)]
 pub(crate) struct Map<K, V, S> {
@@ -113,7 +205,7 @@ pub(crate) struct Map<K, V, S> {
 
 #[cfg(loom)]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(hasher: S) -> Self {
+    pub(crate) fn with_hasher(hasher: S, _shards: usize) -> Self {
         Map {
             inner: loom::sync::RwLock::new(std::collections::HashMap::with_hasher(hasher)),
         }
@@ -171,11 +263,23 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         }
     }
 
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
-        self.inner
-            .write()
-            .unwrap()
-            .retain(|key, value| keep(key, value));
+    pub(crate) fn retain(&self, keep: impl FnMut(&K, &V) -> bool) {
+        self.retain_shard(0, keep);
+    }
+
+    /// One shard: the whole map.
+    pub(crate) fn shard_count(&self) -> usize {
+        1
+    }
+
+    pub(crate) fn retain_shard(
+        &self,
+        _index: usize,
+        mut keep: impl FnMut(&K, &V) -> bool,
+    ) -> usize {
+        let mut map = self.inner.write().unwrap();
+        map.retain(|key, value| keep(key, value));
+        map.len()
     }
 
     pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool

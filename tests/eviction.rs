@@ -223,3 +223,75 @@ fn a_cap_set_later_counts_the_buckets_already_held() {
     assert!(limiter.allow("d", 1.0));
     assert!(!limiter.allow("e", 1.0));
 }
+
+/// The automatic sweep runs in steps of one shard: no single call removes
+/// more than a slice of the map, and a few passes' worth of creations still
+/// remove every idle bucket.
+#[test]
+fn no_call_sweeps_more_than_a_slice_of_the_map() {
+    const OLD: u64 = 50_000;
+    let limiter = TokenBucketLimiter::new(1.0, 5);
+    for i in 0..OLD {
+        assert!(limiter.allow(api_key(i).as_str(), 0.0));
+    }
+    assert_eq!(limiter.len(), OLD as usize, "none is full at 0 s");
+    // At 100 s every old bucket is full; each new key spends one token at
+    // 100 s, so it is not full when the sweep runs.
+    let mut held = limiter.len();
+    let mut largest_drop = 0;
+    let mut new = 0u64;
+    while held > new as usize {
+        assert!(limiter.allow(api_key(OLD + new).as_str(), 100.0));
+        new += 1;
+        let now_held = limiter.len();
+        largest_drop = largest_drop.max((held + 1).saturating_sub(now_held));
+        held = now_held;
+        assert!(new <= 3 * OLD, "{held} buckets left after {new} creations");
+    }
+    // 256 shards of about 200 old buckets each: one step removes one shard.
+    assert!(largest_drop > 0, "nothing was swept");
+    assert!(
+        largest_drop <= OLD as usize / 64,
+        "one call removed {largest_drop} of {OLD} buckets"
+    );
+}
+
+/// Keys called on one thread get exactly the decisions of an unswept
+/// limiter while another thread's flood of new keys drives the automatic
+/// sweep, stamped no later than the caller's own timestamps.
+#[test]
+fn sweep_steps_racing_calls_change_no_decision() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let limiter = Arc::new(TokenBucketLimiter::new(100.0, 4)); // refill 40 ms
+                                                               // The caller's latest timestamp in microseconds; the flood stamps its
+                                                               // calls with it, so no sweep runs later than a call it could evict.
+    let clock = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let flood = {
+        let (limiter, clock, done) = (Arc::clone(&limiter), Arc::clone(&clock), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut i = 1u64 << 40;
+            while !done.load(Relaxed) {
+                let now = clock.load(Relaxed) as f64 / 1e6;
+                let _ = limiter.allow(api_key(i).as_str(), now);
+                i += 1;
+            }
+            i - (1 << 40)
+        })
+    };
+    let quiet = TokenBucketLimiter::new(100.0, 4).with_auto_sweep(false);
+    let mut admitted = 0;
+    for j in 0..200_000u64 {
+        let now_us = j * 7;
+        clock.store(now_us, Relaxed);
+        let key = api_key(j % 97);
+        let cost = j % 3;
+        let t = now_us as f64 / 1e6;
+        let got = limiter.check(key.as_str(), t, cost);
+        assert_eq!(got, quiet.check(key.as_str(), t, cost), "call {j} on {key}");
+        admitted += usize::from(got.is_ok());
+    }
+    done.store(true, Relaxed);
+    let flooded = flood.join().unwrap();
+    assert!(admitted > 1000 && flooded > 1000, "{admitted} {flooded}");
+}

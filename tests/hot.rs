@@ -95,7 +95,7 @@ fn limiters_sharing_a_thread_and_a_key_keep_their_own_buckets() {
     let ids = TokenBucketLimiter::<u64>::with_quota(Quota::new(1.0, 7).unwrap());
     let (mut big_admitted, mut small_admitted, mut ids_admitted) = (0, 0, 0);
     // Blocks long enough for each limiter's key to win this thread's vote,
-    // so three limiters take turns in two cache slots.
+    // so three limiters share this thread's cache slots.
     for _ in 0..4 {
         for _ in 0..HOT_CALLS {
             small_admitted += u64::from(small.allow("k", 0.0));

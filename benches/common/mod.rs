@@ -312,6 +312,42 @@ fn gcra_cas(word: &AtomicU64, now: u64, cost: u32, spec: Spec) -> bool {
     }
 }
 
+/// The floor every map-based design must clear: a bare
+/// `DashMap<String, AtomicU64>` (seeded foldhash, as keyrate), looked up
+/// under the shard's read lock, and one GCRA compare-and-swap on the word.
+pub struct DashWord {
+    map: DashMap<String, AtomicU64, Fold>,
+    spec: Spec,
+    keys: Arc<[String]>,
+}
+
+impl DashWord {
+    pub fn new(spec: Spec, keys: Arc<[String]>) -> Self {
+        DashWord {
+            map: DashMap::with_hasher(Fold::default()),
+            spec,
+            keys,
+        }
+    }
+}
+
+impl Competitor for DashWord {
+    type Local = ();
+    fn local(&self) {}
+    #[inline]
+    fn call(&self, _: &(), key: usize, ns: u64, _: f64, cost: u32) -> bool {
+        let key = self.keys[key].as_str();
+        if let Some(word) = self.map.get(key) {
+            return gcra_cas(&word, ns, cost, self.spec);
+        }
+        let word = self
+            .map
+            .entry(key.to_owned())
+            .or_insert_with(|| AtomicU64::new(0));
+        gcra_cas(&word, ns, cost, self.spec)
+    }
+}
+
 /// A prototype of a lock-free-read store, measured in the same harness: a
 /// boxed GCRA word per key in `scc::HashIndex` (seeded foldhash). Lookups
 /// take no lock and write no shared memory; only the first call for a key

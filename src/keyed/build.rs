@@ -4,7 +4,7 @@ use super::{observe, DefaultHasher, LiveQuota, Occupancy, TokenBucketLimiter};
 use crate::error::ConfigError;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
-use crate::store::Map;
+use crate::store::{Map, FEW_SHARDS, SHARDS};
 use crate::sync::AtomicUsize;
 use crate::time::{Clock, MonotonicClock};
 use crossbeam_utils::CachePadded;
@@ -97,11 +97,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
+        let buckets = Map::with_hasher(hasher.clone(), SHARDS);
         TokenBucketLimiter {
             quota: std::sync::Arc::new(LiveQuota::new(quota)),
-            buckets: Map::with_hasher(hasher.clone()),
-            moved: Map::with_hasher(hasher.clone()),
-            occupancy: Occupancy::new(),
+            occupancy: Occupancy::new(buckets.shard_count()),
+            buckets,
+            moved: Map::with_hasher(hasher.clone(), FEW_SHARDS),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
             observer: observe::new_observer(true, None, hasher),
@@ -157,16 +158,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the automatic sweep on (the default) or off.
     ///
-    /// With it on, creating buckets now and then sweeps the whole map at
-    /// the creating call's timestamp (see [`sweep`](Self::sweep)): a sweep
-    /// runs once the calls that tried to create a bucket since the last
-    /// sweep reach the number of buckets that sweep left (at least
-    /// 1024). Each sweep is one pass over the map, paid for by that many
-    /// creations, so the cost per created bucket is amortised O(1) (one
-    /// bucket visited per creation, on average), and the buckets held stay
-    /// below twice the keys active within the last
-    /// [`refill_time`](Quota::refill_time) (or 2048). The call that
-    /// triggers a sweep pays for the whole pass.
+    /// With it on, creating buckets now and then sweeps one of the map's
+    /// 256 shards at the creating call's timestamp (as
+    /// [`sweep`](Self::sweep) does for all of them). A pass visits every
+    /// shard in turn and is spread over as many calls that tried to create
+    /// a bucket as the previous pass left buckets (at least 1024), so the
+    /// cost per created bucket is amortised O(1) (one bucket visited per
+    /// creation, on average), no call pays for more than one shard (about
+    /// 1/256 of the buckets), and the buckets held stay below about twice
+    /// the keys active within the last [`refill_time`](Quota::refill_time)
+    /// (or 2048).
     ///
     /// # Examples
     ///
@@ -187,8 +188,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the per-thread hot-key cache on (the default) or off.
     ///
-    /// With it on, a key that makes up more than a third of one thread's
-    /// calls (counted with two Misra-Gries counters; 64 net votes win) is
+    /// With it on, a key that makes up more than a ninth of one thread's
+    /// calls (counted with eight Misra-Gries counters; 64 net votes win) is
     /// cached by that thread: its bucket
     /// moves to an `Arc`, as for a [`BucketHandle`](crate::BucketHandle), and the thread's
     /// later calls on that key compare the key with the cached one and spend
@@ -196,7 +197,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// shared write per denial, where a map lookup writes the shard's lock
     /// word. Decisions are the same either way, and a cached bucket is swept
     /// like any other (the cache forgets it on its next call). Each thread
-    /// caches at most two keys over all limiters, holding a copy of each;
+    /// caches at most eight keys over all limiters, holding a copy of each;
     /// the copies are dropped when the thread exits or caches other keys.
     ///
     /// # Examples

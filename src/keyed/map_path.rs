@@ -106,8 +106,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let occupancy = &self.occupancy;
-        if occupancy.sweep_due() {
-            self.sweep_nanos(now);
+        if occupancy.step_due() {
+            self.sweep_step(now);
         }
         // The shard's write lock makes two racing first calls end up on the
         // same bucket, and the place under the cap is reserved under it only

@@ -48,7 +48,8 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 ///
 /// # Locking behaviour
 ///
-/// Buckets live in a sharded [`DashMap`](dashmap::DashMap). A call holds
+/// Buckets live in a map of 256 shards, each a hashbrown table behind its
+/// own read-write lock (the shape of a `DashMap`). A call holds
 /// its key's shard's write lock while it updates the key's word in place
 /// (taking the lock costs the same shared write as a read lock would, and
 /// saves a compare-and-swap); [`remaining`](Self::remaining) takes the read
@@ -56,7 +57,7 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// then spent with one compare-and-swap and no lock at all (see
 /// [`with_hot_key_cache`](Self::with_hot_key_cache)), as is a
 /// [`BucketHandle`]. Under a lock, only the key type's own `Hash`, `Eq`
-/// and `Drop` run (DashMap hashes, compares and drops keys under its
+/// and `Drop` run (the map hashes, compares and drops keys under its
 /// locks); as long as those do not call the limiter, no method can
 /// deadlock another.
 ///

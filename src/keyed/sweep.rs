@@ -2,7 +2,7 @@
 //! automatic sweep.
 
 use super::TokenBucketLimiter;
-use crate::bucket::MOVED;
+use crate::bucket::{Bucket, MOVED};
 use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::time::{nanos_from_duration, nanos_from_secs};
 use crossbeam_utils::CachePadded;
@@ -54,24 +54,47 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let started = std::time::Instant::now();
         let mut removed = 0;
         self.buckets.retain(|key, bucket| {
-            let evict = match bucket.word() {
-                // Lock order: this shard (held by `retain`), then `moved`.
-                // A live handle keeps its bucket. The count cannot rise
-                // meanwhile: new handles are made under this shard's lock,
-                // and a handle is cloned only from a live one. Hot-key
-                // caches hold the bucket but not the pin: retiring it sends
-                // their next call back to the map, exactly as a keyed call.
-                MOVED => self.moved.remove_if(key, |moved| {
-                    Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(now)
-                }),
-                _ => bucket.try_retire(now),
-            };
+            let evict = self.evict(key, bucket, now);
             removed += usize::from(evict);
             !evict
         });
-        self.occupancy.swept(removed, self.buckets.len());
+        self.occupancy.release(removed);
         self.observer.counters.swept(removed, started.elapsed());
         removed
+    }
+
+    /// One step of the automatic sweep: sweeps the next shard at `now`.
+    /// Called by a creation that won [`Occupancy::step_due`].
+    pub(super) fn sweep_step(&self, now: u64) {
+        let started = std::time::Instant::now();
+        let occupancy = &self.occupancy;
+        let shard = occupancy.next_shard();
+        let mut removed = 0;
+        let left = self.buckets.retain_shard(shard, |key, bucket| {
+            let evict = self.evict(key, bucket, now);
+            removed += usize::from(evict);
+            !evict
+        });
+        occupancy.stepped(removed, left, self.buckets.shard_count());
+        self.observer.counters.swept(removed, started.elapsed());
+    }
+
+    /// Whether `key`'s bucket is full at `now` and pinned by no handle; if
+    /// so, retires it (and removes its `moved` entry): the caller, holding
+    /// the key's shard write lock, then removes the entry.
+    fn evict(&self, key: &K, bucket: &Bucket, now: u64) -> bool {
+        match bucket.word() {
+            // Lock order: this shard (held by the caller), then `moved`.
+            // A live handle keeps its bucket. The count cannot rise
+            // meanwhile: new handles are made under this shard's lock,
+            // and a handle is cloned only from a live one. Hot-key
+            // caches hold the bucket but not the pin: retiring it sends
+            // their next call back to the map, exactly as a keyed call.
+            MOVED => self.moved.remove_if(key, |moved| {
+                Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(now)
+            }),
+            _ => bucket.try_retire(now),
+        }
     }
 
     /// Releases memory the map no longer needs after a sweep.
@@ -82,65 +105,108 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 }
 
 /// Counts buckets for the cap, and paces the automatic sweep.
+///
+/// The automatic sweep runs in steps of one shard. A pass visits every
+/// shard once, in order, and is spread over as many creations as the
+/// previous pass left buckets (at least [`MIN_SWEEP_INTERVAL`]): one step
+/// every `pass / shards` creations. A creation that takes a step pays for
+/// one shard (about `len / shards` buckets), never for the whole map, and
+/// the cost per created bucket stays amortised O(1). The buckets held stay
+/// below what the last pass left plus the creations of one pass: about
+/// twice the keys active within the last refill time (or 2048).
 pub(super) struct Occupancy {
     /// Buckets held, plus places reserved by creations in flight, bounded
     /// by `max_buckets`. Kept only when there is a cap, so that without one
     /// creating a bucket writes one shared counter (`pressure`), not two.
     pub(super) held: CachePadded<AtomicUsize>,
-    /// Calls that tried to create a bucket since the last sweep.
+    /// Calls that tried to create a bucket since the last sweep step.
     pressure: CachePadded<AtomicUsize>,
-    /// The `pressure` at which the next automatic sweep is due.
-    sweep_at: AtomicUsize,
-    /// Set while an automatic sweep runs, so that only one thread sweeps.
+    /// The `pressure` at which the next sweep step is due: the last pass's
+    /// length divided among the shards, at least 1.
+    step_at: AtomicUsize,
+    /// Set while a sweep step runs, so that only one thread sweeps; it
+    /// guards `cursor` and `left`.
     sweeping: AtomicBool,
+    /// The shard the next step sweeps. Written only by the holder of
+    /// `sweeping`.
+    cursor: AtomicUsize,
+    /// Buckets the shards swept so far in this pass left. Written only by
+    /// the holder of `sweeping`.
+    left: AtomicUsize,
     pub(super) max_buckets: usize,
     pub(super) auto_sweep: bool,
 }
 
-/// The fewest creations between two automatic sweeps.
+/// The fewest creations a pass of the automatic sweep is spread over.
+#[cfg(not(loom))]
 const MIN_SWEEP_INTERVAL: usize = 1024;
+/// Under loom (one shard), every creation takes a sweep step, so that the
+/// models race the automatic sweep's real protocol against every call.
+#[cfg(loom)]
+const MIN_SWEEP_INTERVAL: usize = 1;
 
 impl Occupancy {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(shards: usize) -> Self {
         Occupancy {
             held: CachePadded::new(AtomicUsize::new(0)),
             pressure: CachePadded::new(AtomicUsize::new(0)),
-            sweep_at: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+            step_at: AtomicUsize::new((MIN_SWEEP_INTERVAL / shards).max(1)),
             sweeping: AtomicBool::new(false),
+            cursor: AtomicUsize::new(0),
+            left: AtomicUsize::new(0),
             max_buckets: usize::MAX,
             auto_sweep: true,
         }
     }
 
     /// Counts one attempt to create a bucket; true if this caller should
-    /// run the automatic sweep now (and then call `swept`).
-    pub(super) fn sweep_due(&self) -> bool {
+    /// take a sweep step now (and then call `next_shard` and `stepped`).
+    pub(super) fn step_due(&self) -> bool {
         if !self.auto_sweep {
             return false;
         }
         // Relaxed: the counters only pace the sweep; an off-by-a-few
         // reading delays or advances it slightly and decides nothing else.
         let pressure = self.pressure.fetch_add(1, Ordering::Relaxed) + 1;
-        if pressure < self.sweep_at.load(Ordering::Relaxed) {
+        if pressure < self.step_at.load(Ordering::Relaxed) {
             return false;
         }
-        // Acquire pairs with the Release in `swept`: the next sweeper sees
-        // the counters the previous one left. A thread that loses the race
-        // skips the sweep; the winner does it for everyone.
+        // Acquire pairs with the Release in `stepped`: this step sees the
+        // cursor and count the previous step left. A thread that loses the
+        // race skips the step; the winner takes it for everyone.
         !self.sweeping.swap(true, Ordering::Acquire)
     }
 
-    /// Records a finished sweep that removed `removed` buckets and left
-    /// `remaining`.
-    fn swept(&self, removed: usize, remaining: usize) {
-        // Relaxed: see `sweep_due`.
+    /// The shard this step sweeps (the caller holds `sweeping`).
+    pub(super) fn next_shard(&self) -> usize {
+        // Relaxed: only the holder of `sweeping` touches the cursor, and
+        // the flag's Acquire/Release orders the holders one after another.
+        self.cursor.load(Ordering::Relaxed)
+    }
+
+    /// Records a sweep step that removed `removed` buckets from its shard
+    /// and left `left` there, out of `shards` shards; ends the pass after
+    /// the last shard and paces the next one.
+    pub(super) fn stepped(&self, removed: usize, left: usize, shards: usize) {
         self.release(removed);
+        // Relaxed: `cursor` and `left` are guarded by `sweeping` (see
+        // `next_shard`); `pressure` and `step_at` only pace (see `step_due`).
+        let left = self.left.load(Ordering::Relaxed) + left;
+        let cursor = self.cursor.load(Ordering::Relaxed) + 1;
+        if cursor < shards {
+            self.cursor.store(cursor, Ordering::Relaxed);
+            self.left.store(left, Ordering::Relaxed);
+        } else {
+            // The pass is over: spread the next one over as many creations
+            // as this one left buckets.
+            self.cursor.store(0, Ordering::Relaxed);
+            self.left.store(0, Ordering::Relaxed);
+            let pass = left.max(MIN_SWEEP_INTERVAL);
+            self.step_at
+                .store((pass / shards).max(1), Ordering::Relaxed);
+        }
         self.pressure.store(0, Ordering::Relaxed);
-        self.sweep_at
-            .store(remaining.max(MIN_SWEEP_INTERVAL), Ordering::Relaxed);
-        // Release pairs with the Acquire in `sweep_due`. An explicit sweep
-        // that ran without the flag clears it too, which at worst lets two
-        // sweeps overlap; both are correct, just redundant.
+        // Release pairs with the Acquire in `step_due`.
         self.sweeping.store(false, Ordering::Release);
     }
 
@@ -173,7 +239,7 @@ impl Occupancy {
     }
 
     /// Gives back `n` places (buckets removed, or a reservation unused).
-    fn release(&self, n: usize) {
+    pub(super) fn release(&self, n: usize) {
         if !self.capped() {
             return;
         }

@@ -1,0 +1,187 @@
+//! The latency of single calls in a server-like workload: every call is
+//! timed and recorded in a histogram, so the rare slow call (a sweep, a
+//! map resize) shows up instead of vanishing in an average.
+//!
+//! Workload, per competitor: 1,000,000 live keys (40-byte `sk_live_` keys,
+//! each called once first, which spends its whole burst of 1 token; a
+//! token comes back after 1 s), then 2 threads call for a few seconds: 10%
+//! of calls on one hot key, 30% on never-seen keys (new buckets, so the map
+//! grows and old buckets go idle and get evicted), 60% on random live keys.
+//! keyrate runs with its defaults (automatic sweep and hot-key cache on);
+//! governor's keyed limiter (DashMap) is swept with `retain_recent` once a
+//! second from a timer thread, as its documentation suggests. Both read a
+//! real clock.
+//!
+//! ```text
+//! cargo bench --bench latency                      # 3 s per competitor
+//! KEYRATE_LATENCY_SECS=10 cargo bench --bench latency
+//! ```
+//!
+//! Prints one markdown row per competitor: calls timed, p50, p99, p99.9,
+//! p99.99 and max, in microseconds. The timer itself (two `Instant::now`
+//! readings) adds a few tens of nanoseconds to every figure.
+
+use hdrhistogram::Histogram;
+use keyrate::TokenBucketLimiter;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+const LIVE: u64 = 1_000_000;
+const THREADS: u64 = 2;
+
+/// A 40-byte API key; distinct `n` give distinct keys.
+fn api_key(n: u64) -> String {
+    format!("sk_live_{:016x}{:016x}", mix(n), n)
+}
+
+/// splitmix64's finaliser: a bijective mixer, used as a cheap random step.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// One competitor: a call on a key at a time (seconds since the run began),
+/// and what a user runs beside it for housekeeping.
+trait Limiter: Send + Sync + 'static {
+    fn call(&self, key: &str, now: f64) -> bool;
+    /// Run once a second from a timer thread, if the limiter needs it.
+    fn housekeeping(&self) {}
+    fn len(&self) -> usize;
+}
+
+impl Limiter for TokenBucketLimiter {
+    #[inline]
+    fn call(&self, key: &str, now: f64) -> bool {
+        self.allow(key, now)
+    }
+    fn len(&self) -> usize {
+        TokenBucketLimiter::len(self)
+    }
+}
+
+type Governor = governor::DefaultKeyedRateLimiter<String>;
+
+struct GovernorKeyed(Governor);
+
+impl Limiter for GovernorKeyed {
+    #[inline]
+    fn call(&self, key: &str, _now: f64) -> bool {
+        // governor takes `&K`: a `String` key needs an owned `String`, as
+        // in a server that holds the key it parsed.
+        self.0.check_key(&key.to_owned()).is_ok()
+    }
+    fn housekeeping(&self) {
+        self.0.retain_recent();
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Runs the workload on `limiter`; returns the merged histogram (ns) and
+/// the buckets held at the end.
+fn run(limiter: Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
+    let live: Arc<Vec<String>> = Arc::new((0..LIVE).map(api_key).collect());
+    let epoch = Instant::now();
+    for key in live.iter() {
+        let _ = limiter.call(key, epoch.elapsed().as_secs_f64());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let timer = {
+        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                limiter.housekeeping();
+            }
+        })
+    };
+    let barrier = Arc::new(Barrier::new(THREADS as usize));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let (limiter, live, barrier) = (
+                Arc::clone(&limiter),
+                Arc::clone(&live),
+                Arc::clone(&barrier),
+            );
+            std::thread::spawn(move || {
+                let mut histogram =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+                let mut fresh = (thread + 1) << 40;
+                let mut state = thread;
+                barrier.wait();
+                let end = Instant::now() + Duration::from_secs(seconds);
+                loop {
+                    state = mix(state);
+                    let new_key;
+                    let key: &str = match state % 10 {
+                        0 => "sk_live_hot_key_0000000000000000000000000",
+                        1..=3 => {
+                            fresh += 1;
+                            new_key = api_key(fresh);
+                            &new_key
+                        }
+                        _ => &live[((state >> 8) % LIVE) as usize],
+                    };
+                    let started = Instant::now();
+                    let now = started.duration_since(epoch).as_secs_f64();
+                    std::hint::black_box(limiter.call(key, now));
+                    let took = started.elapsed();
+                    histogram.saturating_record(took.as_nanos() as u64);
+                    if started >= end {
+                        return histogram;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut merged = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    for worker in workers {
+        merged.add(worker.join().unwrap()).unwrap();
+    }
+    stop.store(true, Relaxed);
+    timer.join().unwrap();
+    (merged, limiter.len())
+}
+
+fn micros(ns: u64) -> String {
+    format!("{:.2}", ns as f64 / 1e3)
+}
+
+fn main() {
+    let seconds: u64 = std::env::var("KEYRATE_LATENCY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    println!(
+        "{LIVE} live keys, {THREADS} threads, {seconds} s each: 10% hot key, 30% new keys, \
+         60% live keys; latency in µs"
+    );
+    println!();
+    println!("| limiter | calls | p50 | p99 | p99.9 | p99.99 | max | buckets at end |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let quota = governor::Quota::per_second(NonZeroU32::new(1).unwrap());
+    let competitors: [(&str, Arc<dyn Limiter>); 2] = [
+        ("keyrate `allow`", Arc::new(TokenBucketLimiter::new(1.0, 1))),
+        (
+            "governor keyed + `retain_recent` each second",
+            Arc::new(GovernorKeyed(governor::RateLimiter::keyed(quota))),
+        ),
+    ];
+    for (name, limiter) in competitors {
+        let (histogram, held) = run(limiter, seconds);
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {held} |",
+            histogram.len(),
+            micros(histogram.value_at_quantile(0.5)),
+            micros(histogram.value_at_quantile(0.99)),
+            micros(histogram.value_at_quantile(0.999)),
+            micros(histogram.value_at_quantile(0.9999)),
+            micros(histogram.max()),
+        );
+    }
+}
