@@ -5,12 +5,12 @@
 //! ```text
 //! redis-server --port 6390 --bind 127.0.0.1 --save '' --daemonize yes
 //! KEYRATE_REDIS_URL=redis://127.0.0.1:6390 \
-//!     cargo run --release --features redis --example redis_hammer [seconds]
+//!     cargo run --release --features redis --example redis_hammer [seconds] [rate]
 //! ```
 //!
 //! Two OS threads (a 2-worker runtime) run 32 tasks each, every task
-//! calling `check` on the same key as fast as it can; the quota admits
-//! 10,000 calls/s. Redis's count of script calls (`INFO commandstats`)
+//! calling `check_at` (or `check_now`) on the same key as fast as it can;
+//! the quota admits `rate` calls/s (default 1,000) with a burst of 10. Redis's count of script calls (`INFO commandstats`)
 //! gives the Redis calls per second.
 
 use keyrate::{Quota, RedisLimiter};
@@ -38,8 +38,14 @@ async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> Result<u
     Ok(calls)
 }
 
-async fn run(url: &str, mirror: bool, now_mode: bool, run_for: Duration) -> Result<(), Error> {
-    let quota = Quota::new(10_000.0, 10)?;
+async fn run(
+    url: &str,
+    rate: f64,
+    mirror: bool,
+    now_mode: bool,
+    run_for: Duration,
+) -> Result<(), Error> {
+    let quota = Quota::new(rate, 10)?;
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let mut limiter = RedisLimiter::connect(url, quota)
         .await?
@@ -122,6 +128,12 @@ fn main() -> Result<(), Error> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(3.0);
+    let rate: f64 = std::env::args()
+        .nth(2)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(1000.0);
+    println!("quota: {rate} calls/s, burst 10; {secs} s per row");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -133,7 +145,7 @@ fn main() -> Result<(), Error> {
     runtime.block_on(async {
         for now_mode in [false, true] {
             for mirror in [false, true] {
-                run(&url, mirror, now_mode, Duration::from_secs_f64(secs)).await?;
+                run(&url, rate, mirror, now_mode, Duration::from_secs_f64(secs)).await?;
             }
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
 //! that are not in an async runtime.
 
-use super::call::Outcome;
+use super::call::{Outcome, Step};
 use super::script::Now;
 use super::settings::Settings;
 use super::{FailurePolicy, RedisErrorKind, RedisLimiterError};
@@ -252,9 +252,12 @@ impl BlockingRedisLimiter {
     /// The one path of every call, as
     /// [`RedisLimiter`](crate::RedisLimiter)'s, over the blocking connection.
     fn decide(&self, key: &str, now: Option<Now>, cost: u64) -> Outcome {
-        let call = match self.settings.prepare(key, now, cost) {
-            Ok(call) => call,
-            Err(decided) => return Ok(decided),
+        // Calls on one blocking limiter already take turns on its
+        // connection: no coalescing.
+        let call = match self.settings.prepare(key, now, cost, false) {
+            Step::Ask(call) => call,
+            Step::Decided(decided) => return Ok(decided),
+            Step::Wait(_) => unreachable!("no waiting without coalescing"),
         };
         let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.lock();

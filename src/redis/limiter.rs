@@ -1,6 +1,6 @@
 //! The async limiter over a connection of the caller's choice.
 
-use super::call::Outcome;
+use super::call::{Outcome, Step};
 use super::error::RedisLimiterError;
 use super::script::Now;
 use super::settings::Settings;
@@ -296,9 +296,18 @@ where
     /// The one path of every call: the core prepares it, Redis answers
     /// (unless the core decided alone), the core finishes it.
     async fn decide(&self, key: &str, now: Option<Now>, cost: u64) -> Outcome {
-        let call = match self.settings.prepare(key, now, cost) {
-            Ok(call) => call,
-            Err(decided) => return Ok(decided),
+        // Wait for calls in flight on the key until the deadline, then go
+        // regardless.
+        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        let call = loop {
+            let coalesce = tokio::time::Instant::now() < deadline;
+            match self.settings.prepare(key, now, cost, coalesce) {
+                Step::Decided(decided) => return Ok(decided),
+                Step::Ask(call) => break call,
+                Step::Wait(landed) => {
+                    let _ = tokio::time::timeout_at(deadline, landed).await;
+                }
+            }
         };
         let invocation = self.settings.invocation(&call);
         let mut connection = self.connection.clone();
