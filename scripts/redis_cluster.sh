@@ -19,6 +19,7 @@ start() {
     mkdir -p "$dir/$port"
     redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
       --cluster-config-file "$dir/$port/nodes.conf" --cluster-node-timeout 2000 \
+      --enable-debug-command local \
       --save '' --appendonly no --dir "$dir/$port" --daemonize yes \
       --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log"
     ports+=("$port")

@@ -1,5 +1,7 @@
 //! `RedisLimiter` on a real Redis Cluster (feature `redis-cluster`): keys
-//! spread over slots and nodes, and a failover while calls run. The
+//! spread over slots and nodes, and failovers while calls run (coordinated,
+//! and a hung master; the cluster's nodes need `enable-debug-command
+//! local`, as `scripts/redis_cluster.sh` starts them). The
 //! shared backend suite also runs on the cluster (`tests/backends.rs`).
 //!
 //! Needs `KEYRATE_REDIS_CLUSTER_URLS` (see `redis_support` and
@@ -26,11 +28,15 @@ fn unix_now() -> Duration {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
 }
 
+/// The failover tests change the cluster under the others: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_spread_over_slots_and_nodes() {
     let Some(urls) = cluster_urls() else {
         return;
     };
+    let _serial = SERIAL.lock().await;
     let prefix = unique_prefix("cluster_slots");
     let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 3).unwrap())
         .with_prefix(prefix.clone())
@@ -111,11 +117,30 @@ async fn failover_while_calls_run() {
     let Some(urls) = cluster_urls() else {
         return;
     };
+    let _serial = SERIAL.lock().await;
+    failover(&urls, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_hangs_and_its_replica_takes_over() {
+    let Some(urls) = cluster_urls() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    failover(&urls, true).await;
+}
+
+/// Calls run on one key while its slot moves to the replica: by
+/// `CLUSTER FAILOVER` on the replica, or (`hang`) by a master that stops
+/// answering (`DEBUG SLEEP`, longer than the cluster's node timeout) until
+/// the replica is elected in its place.
+async fn failover(urls: &[String], hang: bool) {
     // Generous: every call Redis decides is admitted, so a failed call is
     // told apart from a denial.
     let quota = Quota::new(1e6, 1 << 30).unwrap();
     let prefix = unique_prefix("cluster_failover");
-    let closed = RedisLimiter::with_connection(cluster(&urls).await, quota)
+    STOP.store(false, std::sync::atomic::Ordering::Relaxed);
+    let closed = RedisLimiter::with_connection(cluster(urls).await, quota)
         .with_prefix(prefix.clone())
         .with_timeout(Duration::from_millis(500))
         .with_min_ttl(Duration::from_secs(60));
@@ -181,12 +206,24 @@ async fn failover_while_calls_run() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let failover_at = Instant::now();
     let mut replica_conn = node(&replica_url).await;
-    let reply: String = redis::cmd("CLUSTER")
-        .arg("FAILOVER")
-        .query_async(&mut replica_conn)
-        .await
-        .expect("CLUSTER FAILOVER accepted");
-    assert_eq!(reply, "OK");
+    if hang {
+        let master_url = format!("redis://127.0.0.1:{}", master.1);
+        let mut master_conn = node(&master_url).await;
+        tokio::spawn(async move {
+            let _: Result<(), _> = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(8)
+                .query_async(&mut master_conn)
+                .await;
+        });
+    } else {
+        let reply: String = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query_async(&mut replica_conn)
+            .await
+            .expect("CLUSTER FAILOVER accepted");
+        assert_eq!(reply, "OK");
+    }
     // Wait until the replica is a master, then let calls run on a while.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -202,10 +239,26 @@ async fn failover_while_calls_run() {
     }
     let promoted_after = failover_at.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // A hung master comes back as a replica: wait for the whole cluster.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for url in urls {
+        let mut conn = node(url).await;
+        loop {
+            let info: Result<String, _> = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await;
+            if info.is_ok_and(|info| info.contains("cluster_state:ok")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url} never rejoined");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     STOP.store(true, std::sync::atomic::Ordering::Relaxed);
     let (ok, errors, kinds, gap, open_denies) = caller.await.expect("no panic in the caller");
     eprintln!(
-        "failover: replica promoted after {promoted_after:?}; {ok} calls decided, {errors} \
+        "failover (hang: {hang}): replica promoted after {promoted_after:?}; {ok} calls decided, {errors} \
          failed ({kinds:?}); longest gap between decided calls {gap:?}"
     );
     assert!(ok > 0);
