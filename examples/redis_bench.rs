@@ -9,7 +9,8 @@
 //!
 //! Each scenario runs `tasks` tasks over `connections` connections for a
 //! fixed time (default 3 s) and prints calls/s and the p50/p99 latency of
-//! one call. Tasks share connections round-robin; concurrent calls on one
+//! one call, and Redis's CPU per call (`INFO commandstats`, reset before
+//! each scenario). Tasks share connections round-robin; concurrent calls on one
 //! connection are pipelined by redis-rs's multiplexed connection, so "1
 //! connection, 64 tasks" is the pipelined case.
 
@@ -23,8 +24,11 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 enum Op {
     /// A plain `INCR` on one key per task.
     Incr,
-    /// `RedisLimiter::check` with the caller's timestamp.
+    /// `RedisLimiter::check` with the caller's timestamp (the mirror on:
+    /// each task's key has one writer, so the script's fast path).
     Check,
+    /// The same with the mirror off: the script's general path.
+    CheckNoMirror,
     /// `RedisLimiter::check_now`: Redis `TIME` inside the script.
     CheckNow,
 }
@@ -45,17 +49,25 @@ async fn scenario(
     connections: usize,
     tasks: usize,
     run_for: Duration,
-) -> Result<(f64, Duration, Duration), Error> {
+) -> Result<(f64, Duration, Duration, f64), Error> {
     // A generous quota: nearly every call is admitted, so each one writes.
     let quota = Quota::new(1e9, 1 << 40)?;
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
     let mut pool = Vec::new();
     for _ in 0..connections {
         let conn = manager(url).await?;
-        let limiter = RedisLimiter::with_connection(conn.clone(), quota)
+        let mut limiter = RedisLimiter::with_connection(conn.clone(), quota)
             .with_prefix(format!("keyrate-bench:{stamp}:"));
+        if op == Op::CheckNoMirror {
+            limiter = limiter.with_mirror_capacity(0);
+        }
         pool.push((conn, limiter));
     }
+    let mut admin = pool[0].0.clone();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut admin)
+        .await?;
     let start = Instant::now();
     let deadline = start + run_for;
     let mut handles = Vec::new();
@@ -70,7 +82,7 @@ async fn scenario(
                     Op::Incr => {
                         let _: i64 = redis::cmd("INCR").arg(&key).query_async(&mut conn).await?;
                     }
-                    Op::Check => {
+                    Op::Check | Op::CheckNoMirror => {
                         let now = start.elapsed().as_secs_f64();
                         limiter.check(&key, now, 1).await?.ok();
                     }
@@ -92,6 +104,8 @@ async fn scenario(
     let pick = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
     let rate = latencies.len() as f64 / elapsed.as_secs_f64();
     let (p50, p99) = (pick(0.50), pick(0.99));
+    let usec =
+        redis_usec_per_call(&mut admin, if op == Op::Incr { "incr" } else { "evalsha" }).await?;
     // Clean up the INCR keys and buckets.
     let mut conn = pool[0].0.clone();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -101,7 +115,27 @@ async fn scenario(
     for chunk in keys.chunks(500) {
         let _: i64 = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await?;
     }
-    Ok((rate, p50, p99))
+    Ok((rate, p50, p99, usec))
+}
+
+/// Redis's own CPU per call of `command` since the last `CONFIG RESETSTAT`
+/// (`INFO commandstats`, usec_per_call), scripts' inner calls included.
+async fn redis_usec_per_call(conn: &mut ConnectionManager, command: &str) -> Result<f64, Error> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let prefix = format!("cmdstat_{command}:");
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_default();
+    let usec = line
+        .split(',')
+        .find_map(|field| field.strip_prefix("usec_per_call="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN);
+    Ok(usec)
 }
 
 #[tokio::main]
@@ -115,19 +149,20 @@ async fn main() -> Result<(), Error> {
         .unwrap_or(3.0);
     let run_for = Duration::from_secs_f64(secs);
     println!(
-        "{:<26} {:>5} {:>5} {:>12} {:>10} {:>10}",
-        "operation", "conns", "tasks", "calls/s", "p50", "p99"
+        "{:<30} {:>5} {:>5} {:>12} {:>10} {:>10} {:>12}",
+        "operation", "conns", "tasks", "calls/s", "p50", "p99", "Redis us/call"
     );
     for (connections, tasks) in [(1, 1), (1, 64), (8, 64), (32, 256)] {
-        for op in [Op::Incr, Op::Check, Op::CheckNow] {
-            let (rate, p50, p99) = scenario(&url, op, connections, tasks, run_for).await?;
+        for op in [Op::Incr, Op::Check, Op::CheckNoMirror, Op::CheckNow] {
+            let (rate, p50, p99, usec) = scenario(&url, op, connections, tasks, run_for).await?;
             let name = match op {
                 Op::Incr => "INCR (floor)",
                 Op::Check => "check (caller time)",
+                Op::CheckNoMirror => "check (caller time, no mirror)",
                 Op::CheckNow => "check_now (Redis TIME)",
             };
             println!(
-                "{name:<26} {connections:>5} {tasks:>5} {rate:>12.0} {:>10} {:>10}",
+                "{name:<30} {connections:>5} {tasks:>5} {rate:>12.0} {:>10} {:>10} {usec:>12.2}",
                 format!("{:.1?}", p50),
                 format!("{:.1?}", p99)
             );

@@ -1,10 +1,12 @@
 //! One semantic suite, run on every backend: the in-memory
 //! `TokenBucketLimiter`, the Redis-backed `RedisLimiter` (with its local
-//! deny mirror and without), and its blocking twin `BlockingRedisLimiter`.
+//! deny mirror and without, and on a Redis Cluster with feature
+//! `redis-cluster`), and its blocking twin `BlockingRedisLimiter`.
 //!
 //! Every case is written once against the small `Backend` trait below and
 //! instantiated for each backend by `suite!`. The Redis cases need
-//! `KEYRATE_REDIS_URL` (see `redis_support`).
+//! `KEYRATE_REDIS_URL`, the cluster cases `KEYRATE_REDIS_CLUSTER_URLS`
+//! (see `redis_support`).
 #![cfg(not(loom))]
 
 mod common;
@@ -150,6 +152,66 @@ impl Backend for RedisNoMirror {
     }
     async fn buckets(&self) -> usize {
         self.0.buckets().await
+    }
+}
+
+/// The async limiter over a Redis Cluster connection
+/// (`KEYRATE_REDIS_CLUSTER_URLS`).
+#[cfg(feature = "redis-cluster")]
+struct Cluster {
+    limiter: RedisLimiter<redis::cluster_async::ClusterConnection>,
+    raw: redis::cluster_async::ClusterConnection,
+    prefix: String,
+}
+
+#[cfg(feature = "redis-cluster")]
+impl Backend for Cluster {
+    async fn new(quota: Quota) -> Option<Self> {
+        let urls = redis_support::cluster_urls()?;
+        let prefix = redis_support::unique_prefix("cluster");
+        let raw = redis_support::cluster(&urls).await;
+        let limiter = RedisLimiter::with_connection(raw.clone(), quota)
+            .with_prefix(prefix.clone())
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(redis_support::TEST_TIMEOUT);
+        Some(Cluster {
+            limiter,
+            raw,
+            prefix,
+        })
+    }
+    async fn check(&self, key: &str, timestamp: f64, cost: u64) -> Result<u64, Denial> {
+        self.limiter
+            .check(key, timestamp, cost)
+            .await
+            .unwrap_or_else(|err| panic!("Redis Cluster failed: {err}"))
+    }
+    async fn check_under(
+        &self,
+        key: &str,
+        timestamp: f64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, Denial> {
+        self.limiter
+            .under(quota)
+            .check(key, timestamp, cost)
+            .await
+            .unwrap_or_else(|err| panic!("Redis Cluster failed: {err}"))
+    }
+    async fn allow_n(&self, key: &str, timestamp: f64, cost: u64) -> bool {
+        self.limiter.allow_n(key, timestamp, cost).await
+    }
+    async fn remaining(&self, key: &str, timestamp: f64) -> Option<u64> {
+        self.limiter
+            .remaining(key, timestamp)
+            .await
+            .unwrap_or_else(|err| panic!("Redis Cluster failed: {err}"))
+    }
+    async fn buckets(&self) -> usize {
+        redis_support::keys_on(&mut self.raw.clone(), &self.prefix)
+            .await
+            .len()
     }
 }
 
@@ -605,6 +667,15 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case::<super::RedisNoMirror>().await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis-cluster")]
+        mod on_redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<super::Cluster>().await;
                 }
             )*
         }

@@ -1,6 +1,7 @@
 //! The blocking twin of [`RedisLimiter`](super::RedisLimiter), for threads
 //! that are not in an async runtime.
 
+use super::call::Step;
 use super::script::Now;
 use super::settings::Settings;
 use super::{FailurePolicy, RedisErrorKind, RedisLimiterError};
@@ -273,9 +274,17 @@ impl BlockingRedisLimiter {
         cost: u64,
         quota: &Quota,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        let call = match self.settings.prepare(key, now, cost, quota) {
-            Ok(call) => call,
-            Err(decided) => return self.settings.record(cost, Ok(decided)),
+        // Calls on one blocking limiter already take turns on its
+        // connection: no coalescing.
+        let call = match self.settings.prepare(key, now, cost, quota, false) {
+            Step::Ask(call) => call,
+            Step::Decided(decided) => return self.settings.record(cost, Ok(decided)),
+            // Never without coalescing; fail closed rather than panic.
+            Step::Wait(_) => {
+                return self
+                    .settings
+                    .record(cost, Ok(Err(Denial::InvalidTimestamp)))
+            }
         };
         let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.lock();

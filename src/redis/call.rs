@@ -5,14 +5,29 @@
 //! prepared call to Redis and its answer back.
 
 use super::error::RedisLimiterError;
+use super::mirror::{Boarding, FlightGuard};
 use super::script::{self, Guess, Now};
 use super::settings::Settings;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use ::redis::{ScriptInvocation, Value};
+use std::pin::Pin;
+use tokio::sync::futures::OwnedNotified;
 
 /// What every checking call returns: Redis's failure, or the decision.
 pub(super) type Outcome = Result<Result<u64, Denial>, RedisLimiterError>;
+
+/// What to do with a call.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// Decided without Redis.
+    Decided(Result<u64, Denial>),
+    /// Ask Redis.
+    Ask(Call),
+    /// Calls on the key in flight may use up what this one needs: wait
+    /// for one of them to end, then prepare again.
+    Wait(Pin<Box<OwnedNotified>>),
+}
 
 /// One call that needs Redis.
 #[derive(Debug)]
@@ -29,19 +44,38 @@ pub(super) struct Call {
     /// The local instant the call was prepared, for the mirror's estimate
     /// of Redis's clock.
     sent: u64,
+    /// Held while the call is the key's flight to Redis (dropped with the
+    /// call, answered or not).
+    _flight: Option<FlightGuard>,
 }
 
 impl Settings {
-    /// The call to make for `cost` tokens of `key` at `now` under
-    /// `quota`, or the decision made without Redis: an invalid timestamp, a
-    /// cost above the capacity, or a denial by the mirror's bound.
+    /// The call to make for `cost` tokens of `key` at `now` under `quota`, or the
+    /// decision made without Redis: an invalid timestamp, a cost above the
+    /// capacity, or a denial by the mirror's bound. With `coalesce`, a call
+    /// the bound admits waits while another call on the key is in flight.
     pub(super) fn prepare(
         &self,
         key: &str,
         now: Option<Now>,
         cost: u64,
         quota: &Quota,
-    ) -> Result<Call, Result<u64, Denial>> {
+        coalesce: bool,
+    ) -> Step {
+        match self.try_prepare(key, now, cost, quota, coalesce) {
+            Ok(step) => step,
+            Err(decided) => Step::Decided(decided),
+        }
+    }
+
+    fn try_prepare(
+        &self,
+        key: &str,
+        now: Option<Now>,
+        cost: u64,
+        quota: &Quota,
+        coalesce: bool,
+    ) -> Result<Step, Result<u64, Denial>> {
         let Some(now) = now else {
             return Err(Err(Denial::InvalidTimestamp));
         };
@@ -64,6 +98,19 @@ impl Settings {
                 gcra::decide(bound, at, cost, quota).map_err(Err)?;
             }
         }
+        let mut flight = None;
+        if let (true, Some(mirror)) = (coalesce && spend > 0, &self.mirror) {
+            let at = match now {
+                Now::At(ns) => Some(ns),
+                Now::Server => mirror.server_now(),
+            };
+            if let Some(at) = at {
+                match mirror.board(&key, at, cost, quota) {
+                    Boarding::Go(guard) => flight = guard,
+                    Boarding::Wait(wait) => return Ok(Step::Wait(wait)),
+                }
+            }
+        }
         let mut guess = None;
         if let Now::At(ns) = now {
             if spend > 0 {
@@ -73,7 +120,7 @@ impl Settings {
                 }
             }
         }
-        Ok(Call {
+        Ok(Step::Ask(Call {
             key,
             now,
             cost,
@@ -81,7 +128,8 @@ impl Settings {
             spend,
             guess,
             sent,
-        })
+            _flight: flight,
+        }))
     }
 
     /// The script invocation that carries `call` to Redis.

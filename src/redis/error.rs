@@ -49,7 +49,7 @@ impl FailurePolicy {
 }
 
 /// What kind of failure a [`RedisLimiterError`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RedisErrorKind {
     /// Redis could not be reached: connection refused or lost, server

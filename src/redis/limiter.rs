@@ -1,5 +1,6 @@
 //! The async limiter over a connection of the caller's choice.
 
+use super::call::Step;
 use super::error::RedisLimiterError;
 use super::script::Now;
 use super::settings::Settings;
@@ -304,9 +305,18 @@ where
         cost: u64,
         quota: &Quota,
     ) -> Result<Result<u64, Denial>, RedisLimiterError> {
-        let call = match self.settings.prepare(key, now, cost, quota) {
-            Ok(call) => call,
-            Err(decided) => return self.settings.record(cost, Ok(decided)),
+        // Wait for calls in flight on the key until the deadline, then go
+        // regardless.
+        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        let call = loop {
+            let coalesce = tokio::time::Instant::now() < deadline;
+            match self.settings.prepare(key, now, cost, quota, coalesce) {
+                Step::Decided(decided) => return self.settings.record(cost, Ok(decided)),
+                Step::Ask(call) => break call,
+                Step::Wait(landed) => {
+                    let _ = tokio::time::timeout_at(deadline, landed).await;
+                }
+            }
         };
         let invocation = self.settings.invocation(&call);
         let mut connection = self.connection.clone();

@@ -9,16 +9,28 @@
 //! the bound: after an admission to the new word, after a denial or a read
 //! to the word read.
 //!
+//! Calls the bound admits are coalesced per key (async limiter): the mirror
+//! counts the refill spent by the calls on a key in flight to Redis, and a
+//! call that the bound would deny if they were all admitted waits for them
+//! to end, then decides again against the raised bound. So a key hammered
+//! from many tasks sends Redis about as many calls as it has tokens, not
+//! one per task. Waiting changes when a call is decided, never how.
+//!
 //! Memory is bounded: at most `capacity` bounds, in shards; a shard that is
 //! full first drops the bounds already in the past (they deny nothing), and
 //! if it is still full the new bound is not kept (a forgotten bound only
 //! costs a round trip, never a wrong decision).
 
+use crate::gcra::{self, Quota};
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 /// How many shards the bounds are spread over.
 const SHARDS: usize = 16;
@@ -26,8 +38,56 @@ const SHARDS: usize = 16;
 /// The number of bounds a mirror keeps unless told otherwise.
 pub(super) const DEFAULT_MIRROR_CAPACITY: usize = 65_536;
 
-/// One shard: bucket key -> bound.
-type Shard = RwLock<HashMap<Box<str>, u64, foldhash::fast::RandomState>>;
+/// What the mirror keeps for one bucket key.
+#[derive(Debug, Default)]
+struct Entry {
+    /// The lower bound of the key's word in Redis (0: none yet).
+    bound: u64,
+    /// The refill (ns) that the calls in flight to Redis on this key spend
+    /// if all are admitted.
+    pending: u64,
+    /// Wakes the calls waiting for a flight on this key to end.
+    landed: Option<Arc<Notify>>,
+}
+
+/// One shard: bucket key -> entry.
+type Shard = RwLock<HashMap<Box<str>, Entry, foldhash::fast::RandomState>>;
+
+/// Whether a call the bound admits goes to Redis now or waits.
+pub(super) enum Boarding {
+    /// Go: the call counts as in flight until the guard is dropped.
+    Go(Option<FlightGuard>),
+    /// Wait until a call in flight on the key ends, then decide again.
+    Wait(Pin<Box<OwnedNotified>>),
+}
+
+/// A call in flight to Redis: dropping it (answered, failed or cancelled)
+/// takes its spend off the key's pending refill and wakes the waiters.
+pub(super) struct FlightGuard {
+    mirror: Arc<Mirror>,
+    key: Box<str>,
+    spend: u64,
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut shard = self.mirror.shard(&self.key).write();
+        if let Some(entry) = shard.get_mut(&*self.key) {
+            entry.pending = entry.pending.saturating_sub(self.spend);
+            if let Some(landed) = &entry.landed {
+                landed.notify_waiters();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FlightGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlightGuard")
+            .field("spend", &self.spend)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The bounds of one limiter (and its clones).
 pub(super) struct Mirror {
@@ -68,7 +128,46 @@ impl Mirror {
 
     /// The bound kept for `key`, if any.
     pub(super) fn bound(&self, key: &str) -> Option<u64> {
-        self.shard(key).read().get(key).copied()
+        self.shard(key).read().get(key).map(|entry| entry.bound)
+    }
+
+    /// Boards a call of `cost` on `key` at `at` that the bound admits:
+    /// it goes when the bound still admits it with every call in flight
+    /// counted as admitted (or when the entry cannot be kept), and waits
+    /// otherwise.
+    pub(super) fn board(
+        self: &Arc<Self>,
+        key: &str,
+        at: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Boarding {
+        let spend = quota.spend(cost).unwrap_or(u64::MAX);
+        let mut shard = self.shard(key).write();
+        if !shard.contains_key(key) {
+            if shard.len() >= self.per_shard {
+                return Boarding::Go(None);
+            }
+            shard.insert(Box::from(key), Entry::default());
+        }
+        let entry = shard.get_mut(key).expect("present");
+        if entry.pending > 0 {
+            let if_all_admitted = entry.bound.max(at).saturating_add(entry.pending);
+            if gcra::decide(if_all_admitted, at, cost, quota).is_err() {
+                let landed = entry.landed.get_or_insert_with(Default::default).clone();
+                let mut wait = Box::pin(landed.notified_owned());
+                // Registered before the shard lock is released: a flight
+                // that lands from now on wakes it.
+                wait.as_mut().enable();
+                return Boarding::Wait(wait);
+            }
+        }
+        entry.pending = entry.pending.saturating_add(spend);
+        Boarding::Go(Some(FlightGuard {
+            mirror: Arc::clone(self),
+            key: Box::from(key),
+            spend,
+        }))
     }
 
     /// Raises `key`'s bound to `word` (a bound never falls). `now` on the
@@ -79,17 +178,23 @@ impl Mirror {
             return;
         }
         let mut shard = self.shard(key).write();
-        if let Some(bound) = shard.get_mut(key) {
-            *bound = (*bound).max(word);
+        if let Some(entry) = shard.get_mut(key) {
+            entry.bound = entry.bound.max(word);
             return;
         }
         if shard.len() >= self.per_shard {
-            shard.retain(|_, bound| *bound > now);
+            // Past bounds deny nothing; entries with calls in flight stay
+            // (their guards need them).
+            shard.retain(|_, entry| entry.bound > now || entry.pending > 0);
             if shard.len() >= self.per_shard {
                 return;
             }
         }
-        shard.insert(Box::from(key), word);
+        let entry = Entry {
+            bound: word,
+            ..Entry::default()
+        };
+        shard.insert(Box::from(key), entry);
     }
 
     /// Nanoseconds on the local monotonic clock since the mirror was made.

@@ -75,3 +75,50 @@ pub async fn keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) ->
         .await
         .expect("KEYS")
 }
+
+/// The Redis Cluster's node URLs from `KEYRATE_REDIS_CLUSTER_URLS`
+/// (comma-separated, e.g. `redis://127.0.0.1:7100,redis://127.0.0.1:7101`,
+/// as `scripts/redis_cluster.sh start` prints them), or `None` (after a
+/// loud message) to skip; a failure when `CI` is set.
+pub fn cluster_urls() -> Option<Vec<String>> {
+    match std::env::var("KEYRATE_REDIS_CLUSTER_URLS") {
+        Ok(urls) if !urls.is_empty() => Some(urls.split(',').map(str::to_owned).collect()),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!(
+                "CI is set but KEYRATE_REDIS_CLUSTER_URLS is not: the cluster tests need \
+                 a Redis Cluster (scripts/redis_cluster.sh start)"
+            )
+        }
+        _ => {
+            eprintln!(
+                "\n!!! SKIPPED: set KEYRATE_REDIS_CLUSTER_URLS (see scripts/redis_cluster.sh) \
+                 to run the Redis Cluster tests against a real cluster !!!\n"
+            );
+            None
+        }
+    }
+}
+
+/// A cluster connection to the test cluster.
+#[cfg(feature = "redis-cluster")]
+pub async fn cluster(urls: &[String]) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::builder(urls.to_vec())
+        .connection_timeout(TEST_TIMEOUT)
+        .response_timeout(TEST_TIMEOUT)
+        .build()
+        .expect("valid KEYRATE_REDIS_CLUSTER_URLS")
+        .get_async_connection()
+        .await
+        .unwrap_or_else(|err| {
+            panic!("KEYRATE_REDIS_CLUSTER_URLS={urls:?} but no cluster answers: {err}")
+        })
+}
+
+/// The keys under `prefix`, on any connection (a cluster asks every node).
+pub async fn keys_on(conn: &mut impl redis::aio::ConnectionLike, prefix: &str) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(conn)
+        .await
+        .expect("KEYS")
+}

@@ -1,0 +1,276 @@
+//! `RedisLimiter` on a real Redis Cluster (feature `redis-cluster`): keys
+//! spread over slots and nodes, and failovers while calls run (coordinated,
+//! and a hung master; the cluster's nodes need `enable-debug-command
+//! local`, as `scripts/redis_cluster.sh` starts them). The
+//! shared backend suite also runs on the cluster (`tests/backends.rs`).
+//!
+//! Needs `KEYRATE_REDIS_CLUSTER_URLS` (see `redis_support` and
+//! `scripts/redis_cluster.sh`).
+#![cfg(not(loom))]
+
+mod redis_support;
+
+use keyrate::{FailurePolicy, Quota, RedisErrorKind, RedisLimiter};
+use redis::aio::MultiplexedConnection;
+use redis_support::{cluster, cluster_urls, unique_prefix, TEST_TIMEOUT};
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+async fn node(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a valid node URL")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|err| panic!("cluster node {url} does not answer: {err}"))
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+}
+
+/// The failover tests change the cluster under the others: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_spread_over_slots_and_nodes() {
+    let Some(urls) = cluster_urls() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    let prefix = unique_prefix("cluster_slots");
+    let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 3).unwrap())
+        .with_prefix(prefix.clone())
+        .with_timeout(TEST_TIMEOUT);
+    let mut any = node(&urls[0]).await;
+    let mut slots = HashSet::new();
+    for i in 0..32 {
+        let key = format!("k{i}");
+        assert_eq!(limiter.check_at(&key, unix_now(), 1).await.unwrap(), Ok(2));
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(limiter.bucket_key(&key))
+            .query_async(&mut any)
+            .await
+            .unwrap();
+        slots.insert(slot);
+    }
+    assert!(slots.len() > 16, "32 keys in only {} slots", slots.len());
+    // Each node holds only its own slots' keys: count them node by node.
+    let mut nodes_with_keys = 0;
+    let mut total = 0;
+    for url in &urls {
+        let keys = redis_support::keys_on(&mut node(url).await, &prefix).await;
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query_async(&mut node(url).await)
+            .await
+            .unwrap();
+        let is_master = matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master");
+        if is_master {
+            total += keys.len();
+            nodes_with_keys += usize::from(!keys.is_empty());
+        }
+    }
+    assert_eq!(total, 32, "every bucket on exactly one master");
+    assert!(
+        nodes_with_keys >= 2,
+        "buckets on {nodes_with_keys} master(s)"
+    );
+}
+
+/// The `CLUSTER NODES` line fields of every node: (id, port, flags, master id, slots).
+async fn topology(
+    conn: &mut MultiplexedConnection,
+) -> Vec<(String, u16, String, String, Vec<String>)> {
+    let text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(conn)
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let port = fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+            Some((
+                fields[0].to_owned(),
+                port,
+                fields[2].to_owned(),
+                fields[3].to_owned(),
+                fields[8..].iter().map(|s| s.to_string()).collect(),
+            ))
+        })
+        .collect()
+}
+
+fn owns(slots: &[String], slot: u16) -> bool {
+    slots.iter().any(|range| {
+        let mut bounds = range.split('-').filter_map(|b| b.parse::<u16>().ok());
+        match (bounds.next(), bounds.next()) {
+            (Some(lo), Some(hi)) => lo <= slot && slot <= hi,
+            (Some(one), None) => one == slot,
+            _ => false,
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_while_calls_run() {
+    let Some(urls) = cluster_urls() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    failover(&urls, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_hangs_and_its_replica_takes_over() {
+    let Some(urls) = cluster_urls() else {
+        return;
+    };
+    let _serial = SERIAL.lock().await;
+    failover(&urls, true).await;
+}
+
+/// Calls run on one key while its slot moves to the replica: by
+/// `CLUSTER FAILOVER` on the replica, or (`hang`) by a master that stops
+/// answering (`DEBUG SLEEP`, longer than the cluster's node timeout) until
+/// the replica is elected in its place.
+async fn failover(urls: &[String], hang: bool) {
+    // Generous: every call Redis decides is admitted, so a failed call is
+    // told apart from a denial.
+    let quota = Quota::new(1e6, 1 << 30).unwrap();
+    let prefix = unique_prefix("cluster_failover");
+    STOP.store(false, std::sync::atomic::Ordering::Relaxed);
+    let closed = RedisLimiter::with_connection(cluster(urls).await, quota)
+        .with_prefix(prefix.clone())
+        .with_timeout(Duration::from_millis(500))
+        .with_min_ttl(Duration::from_secs(60));
+    let open = closed.clone().with_failure_policy(FailurePolicy::Open);
+
+    // The replica of the master that holds key "k"'s bucket.
+    let mut any = node(&urls[0]).await;
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(closed.bucket_key("k"))
+        .query_async(&mut any)
+        .await
+        .unwrap();
+    let nodes = topology(&mut any).await;
+    let master = nodes
+        .iter()
+        .find(|n| n.2.contains("master") && owns(&n.4, slot))
+        .expect("a master for the slot");
+    let replica = nodes
+        .iter()
+        .find(|n| n.3 == master.0 && !n.2.contains("fail"))
+        .expect("a replica of that master");
+    let replica_url = format!("redis://127.0.0.1:{}", replica.1);
+
+    let caller = {
+        let (closed, open) = (closed.clone(), open.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut errors, mut kinds) = (0u64, 0u64, HashSet::new());
+            let mut last_ok = Instant::now();
+            let mut gap = Duration::ZERO;
+            let mut open_denies = 0u64;
+            let stop = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < stop {
+                match closed.check_at("k", unix_now(), 1).await {
+                    Ok(decision) => {
+                        assert!(decision.is_ok(), "a generous quota admits: {decision:?}");
+                        gap = gap.max(last_ok.elapsed());
+                        last_ok = Instant::now();
+                        ok += 1;
+                    }
+                    Err(err) => {
+                        errors += 1;
+                        kinds.insert(err.kind());
+                    }
+                }
+                // Failing open, the boolean call admits whether or not the
+                // slot is reachable (the quota admits every decided call).
+                if !open.allow_n("k", unix_now().as_secs_f64(), 1).await {
+                    open_denies += 1;
+                }
+                if ok > 0 && ok % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                // The test stops the loop once the new master has served.
+                if STOP.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+            }
+            (ok, errors, kinds, gap, open_denies)
+        })
+    };
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let failover_at = Instant::now();
+    let mut replica_conn = node(&replica_url).await;
+    if hang {
+        let master_url = format!("redis://127.0.0.1:{}", master.1);
+        let mut master_conn = node(&master_url).await;
+        tokio::spawn(async move {
+            let _: Result<(), _> = redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(8)
+                .query_async(&mut master_conn)
+                .await;
+        });
+    } else {
+        let reply: String = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query_async(&mut replica_conn)
+            .await
+            .expect("CLUSTER FAILOVER accepted");
+        assert_eq!(reply, "OK");
+    }
+    // Wait until the replica is a master, then let calls run on a while.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query_async(&mut replica_conn)
+            .await
+            .unwrap();
+        if matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let promoted_after = failover_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A hung master comes back as a replica: wait for the whole cluster.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for url in urls {
+        let mut conn = node(url).await;
+        loop {
+            let info: Result<String, _> = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut conn)
+                .await;
+            if info.is_ok_and(|info| info.contains("cluster_state:ok")) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{url} never rejoined");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, errors, kinds, gap, open_denies) = caller.await.expect("no panic in the caller");
+    eprintln!(
+        "failover (hang: {hang}): replica promoted after {promoted_after:?}; {ok} calls decided, {errors} \
+         failed ({kinds:?}); longest gap between decided calls {gap:?}"
+    );
+    assert!(ok > 0);
+    for kind in &kinds {
+        assert!(
+            matches!(kind, RedisErrorKind::Unavailable | RedisErrorKind::Timeout),
+            "a failover is a transient failure, not {kind:?}"
+        );
+    }
+    assert_eq!(open_denies, 0, "fail open admits while the slot moves");
+    // Decided again afterwards, on the new master.
+    assert!(closed.check_at("k", unix_now(), 1).await.unwrap().is_ok());
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
