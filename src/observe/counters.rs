@@ -178,7 +178,8 @@ impl Counters {
         self.0.add(cell as usize, n);
     }
 
-    /// Counts one decided call of `cost`.
+    /// Counts one decided call of `cost` (the Redis limiters' front ends).
+    #[cfg(feature = "redis")]
     #[inline]
     pub(crate) fn decided(&self, cost: u64, result: Result<(), &Denial>) {
         self.decided_at(slot::index(), cost, result);
