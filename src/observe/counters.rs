@@ -124,10 +124,16 @@ impl<const N: usize> Striped<N> {
     /// Adds `n` to counter `cell` in the calling thread's stripe.
     #[inline]
     pub(crate) fn add(&self, cell: usize, n: u64) {
+        self.add_at(slot::index(), cell, n);
+    }
+
+    /// Adds `n` to counter `cell` in the stripe of the calling thread,
+    /// whose slot is `index` (see `slot::index`).
+    #[inline]
+    pub(crate) fn add_at(&self, index: usize, cell: usize, n: u64) {
         let Some(last) = self.stripes.len().checked_sub(1) else {
             return;
         };
-        let index = slot::index();
         if index < last {
             // This thread is the stripe's only writer (see `slot`), so a
             // load and a store lose nothing, and cost no locked
@@ -172,15 +178,22 @@ impl Counters {
         self.0.add(cell as usize, n);
     }
 
-    /// Counts one decided call of `cost`.
+    /// Counts one decided call of `cost` (the Redis limiters' front ends).
+    #[cfg(feature = "redis")]
     #[inline]
     pub(crate) fn decided(&self, cost: u64, result: Result<(), &Denial>) {
+        self.decided_at(slot::index(), cost, result);
+    }
+
+    /// Counts one decided call of `cost` by the thread in slot `index`.
+    #[inline]
+    pub(crate) fn decided_at(&self, index: usize, cost: u64, result: Result<(), &Denial>) {
         match result {
             Ok(()) => {
-                self.add(Cell::Admitted, 1);
-                self.add(Cell::AdmittedCost, cost);
+                self.0.add_at(index, Cell::Admitted as usize, 1);
+                self.0.add_at(index, Cell::AdmittedCost as usize, cost);
             }
-            Err(denial) => self.add(denial_cell(denial), 1),
+            Err(denial) => self.0.add_at(index, denial_cell(denial) as usize, 1),
         }
     }
 

@@ -66,9 +66,13 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
         K: std::borrow::Borrow<Q>,
         Q: Hash + ToOwned<Owned = K> + ?Sized,
     {
-        self.counters.decided(cost, result);
+        if !self.counters.is_on() {
+            return;
+        }
+        let slot = slot::index();
+        self.counters.decided_at(slot, cost, result);
         if let (Err(_), Some(now), Some(offenders)) = (result, now, &self.offenders) {
-            offenders.record(self.hasher.hash_one(key), now, || key.to_owned());
+            offenders.record(slot, self.hasher.hash_one(key), now, || key.to_owned());
         }
     }
 
@@ -110,9 +114,10 @@ where
     #[inline]
     fn decided(&self, now: Option<u64>, cost: u64, result: Result<(), &Denial>) {
         let observer = &self.observer;
-        observer.counters.decided(cost, result);
+        let slot = slot::index();
+        observer.counters.decided_at(slot, cost, result);
         if let (Err(_), Some(now), Some(offenders)) = (result, now, &observer.offenders) {
-            offenders.record(self.hash, now, || self.key.clone());
+            offenders.record(slot, self.hash, now, || self.key.clone());
         }
     }
 }

@@ -216,8 +216,9 @@ impl<K> Stripe<K> {
     }
 }
 
-/// A stripe, allocated at its thread's first denial, on its own cache lines.
-type LazyStripe<K> = CachePadded<OnceLock<Box<Stripe<K>>>>;
+/// A stripe, allocated at its thread's first denial, on cache lines of its
+/// own (padded, so that a neighbouring allocation cannot share them).
+type LazyStripe<K> = CachePadded<OnceLock<Box<CachePadded<Stripe<K>>>>>;
 
 /// A limiter's offender sketches, one per thread slot plus a shared one.
 pub(crate) struct OffenderSketch<K> {
@@ -238,14 +239,15 @@ impl<K: Hash + Eq> OffenderSketch<K> {
         }
     }
 
-    /// Counts a denial at `now` of the key that `hash` stands for; `key`
-    /// copies it, called only if it enters the sketch.
+    /// Counts a denial at `now`, by the thread in slot `index` (see
+    /// `slot::index`), of the key that `hash` stands for; `key` copies it,
+    /// called only if it enters the sketch.
     #[inline]
-    pub(crate) fn record(&self, hash: u64, now: u64, key: impl FnOnce() -> K) {
+    pub(crate) fn record(&self, index: usize, hash: u64, now: u64, key: impl FnOnce() -> K) {
         let hash = if hash == FREE { 1 } else { hash };
         let last = self.stripes.len() - 1;
-        let index = slot::index().min(last);
-        let stripe = self.stripes[index].get_or_init(|| Box::new(Stripe::new()));
+        let index = index.min(last);
+        let stripe = self.stripes[index].get_or_init(|| Box::new(CachePadded::new(Stripe::new())));
         stripe.record(hash, now, self.window, key, index < last);
     }
 
