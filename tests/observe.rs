@@ -118,7 +118,7 @@ fn concurrent_counts_add_up_exactly() {
 fn the_abuser_among_100_000_keys_is_reported_first_within_the_bound() {
     const KEYS: u64 = 100_000;
     const THREADS: u64 = 4;
-    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2));
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2).with_top_offenders(true));
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let limiter = Arc::clone(&limiter);
@@ -161,7 +161,7 @@ fn the_abuser_among_100_000_keys_is_reported_first_within_the_bound() {
 
 #[test]
 fn counts_are_exact_while_no_sketch_fills_up() {
-    let limiter = TokenBucketLimiter::new(1.0, 1);
+    let limiter = TokenBucketLimiter::new(1.0, 1).with_top_offenders(true);
     for (key, times) in [("a", 5), ("b", 3), ("c", 9)] {
         for _ in 0..=times {
             let _ = limiter.allow(key, 0.0);
@@ -179,7 +179,9 @@ fn counts_are_exact_while_no_sketch_fills_up() {
 
 #[test]
 fn the_window_forgets_old_denials() {
-    let limiter = TokenBucketLimiter::new(0.001, 1).with_offender_window(Duration::from_secs(10));
+    let limiter = TokenBucketLimiter::new(0.001, 1)
+        .with_top_offenders(true)
+        .with_offender_window(Duration::from_secs(10));
     for t in [0.0, 0.0, 0.0, 12.0, 25.0] {
         let _ = limiter.allow("old", t);
     }
@@ -233,9 +235,10 @@ impl Hash for Counted {
 #[test]
 fn a_flood_of_distinct_keys_does_not_grow_the_sketch() {
     const THREADS: u64 = 2;
-    let limiter = Arc::new(TokenBucketLimiter::<Counted>::with_quota(
-        keyrate::Quota::new(1.0, 1).unwrap(),
-    ));
+    let limiter = Arc::new(
+        TokenBucketLimiter::<Counted>::with_quota(keyrate::Quota::new(1.0, 1).unwrap())
+            .with_top_offenders(true),
+    );
     // Costs no bucket admits: no bucket is made, so every live copy of a
     // key beyond the callers' own is in the sketches.
     let flood = |from: u64, to: u64| {

@@ -195,10 +195,12 @@ impl App {
             limits,
             connections: Arc::new(
                 TokenBucketLimiter::new(limits.connect_rate, limits.connect_burst)
+                    .with_top_offenders(true)
                     .with_clock(clock.clone()),
             ),
             synthesis: Arc::new(
                 TokenBucketLimiter::new(limits.synth_rate, limits.synth_burst)
+                    .with_top_offenders(true)
                     .with_clock(clock.clone()),
             ),
             clock: Arc::new(clock),

@@ -105,7 +105,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             moved: Map::with_hasher(hasher.clone(), FEW_SHARDS),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
-            observer: observe::new_observer(true, None, hasher),
+            observer: observe::new_observer(true, false, None, hasher),
         }
     }
 

@@ -33,16 +33,20 @@ pub const DEFAULT_OFFENDER_WINDOW: std::time::Duration = std::time::Duration::fr
 pub(crate) struct Observer<K, S> {
     pub(crate) counters: Counters,
     pub(crate) offenders: Option<OffenderSketch<K>>,
+    /// Whether the offenders' sketch was asked for (it runs only with the
+    /// counters on).
+    pub(crate) wants_offenders: bool,
     hasher: S,
     /// The offender sketches' epoch length, in nanoseconds.
     pub(crate) window_nanos: u64,
 }
 
 impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
-    pub(crate) fn new(on: bool, window_nanos: u64, hasher: S) -> Self {
+    pub(crate) fn new(on: bool, wants_offenders: bool, window_nanos: u64, hasher: S) -> Self {
         Observer {
             counters: Counters::new(on),
-            offenders: on.then(|| OffenderSketch::new(window_nanos)),
+            offenders: (on && wants_offenders).then(|| OffenderSketch::new(window_nanos)),
+            wants_offenders,
             hasher,
             window_nanos,
         }
