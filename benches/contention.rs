@@ -25,10 +25,11 @@
 //! thread (so that thread wake-up skew is small against the work measured),
 //! and criterion's throughput is calls per second summed over threads.
 //!
-//! keyrate runs three times: as users get it, with its per-thread hot-key
+//! keyrate runs four times: as users get it, with its per-thread hot-key
 //! cache off (`keyrate_nocache`: every call looks its key up in the map),
-//! and with its counters and offender sketches off (`keyrate_nostats`: the
-//! cost of observing the calls).
+//! with its counters off (`keyrate_nostats`: the cost of observing the
+//! calls), and with the quota passed on every call (`keyrate_under`: a
+//! per-key plan, against reading the default quota).
 //!
 //! `scripts/bench.sh` runs this and prints the ratios to governor.
 
@@ -37,7 +38,7 @@ mod common;
 
 use common::{
     api_key, mix, AtomicFloor, Competitor, DashTuple, DashWord, Governor, Keyrate, KeyrateHandle,
-    MutexMap, SccBoxWord, Spec,
+    KeyrateUnder, MutexMap, SccBoxWord, Spec,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hash::BuildHasher;
@@ -232,6 +233,10 @@ fn competitors(spec: Spec, keys: &Arc<[String]>, handles: bool) -> Vec<(&'static
         (
             "keyrate_nostats",
             make(keys, move |k| Keyrate::without_stats(spec, k)),
+        ),
+        (
+            "keyrate_under",
+            make(keys, move |k| KeyrateUnder::new(spec, k)),
         ),
     ];
     if handles {

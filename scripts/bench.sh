@@ -68,7 +68,7 @@ for path in sorted(glob.glob(out + "/run-*.tsv")):
         group, func, param, rate = line.rstrip("\n").split("\t")
         data[(group, func, param)] = float(rate)
     runs.append(data)
-order = ["keyrate", "keyrate_nocache", "keyrate_nostats", "keyrate_handle", "governor", "mutex_hashmap", "dashmap_tuple",
+order = ["keyrate", "keyrate_nocache", "keyrate_nostats", "keyrate_under", "keyrate_handle", "governor", "mutex_hashmap", "dashmap_tuple",
          "scc_box_word", "atomic_floor"]
 groups = ["hot_admit", "hot_deny", "spread", "churn", "mixed"]
 targets = {("hot_deny", "1"): 1.5, ("hot_deny", "2"): 5, ("hot_admit", "1"): 1.5,

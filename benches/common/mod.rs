@@ -122,6 +122,35 @@ impl Competitor for Keyrate {
     }
 }
 
+/// keyrate's keyed API with the quota passed on every call
+/// (`limiter.under(&quota).allow_n(..)`, a per-key plan), the same quota as
+/// the default: what naming the quota costs against reading the default.
+pub struct KeyrateUnder {
+    keyrate: Keyrate,
+    quota: keyrate::Quota,
+}
+
+impl KeyrateUnder {
+    pub fn new(spec: Spec, keys: Arc<[String]>) -> Self {
+        let keyrate = Keyrate::new(spec, keys);
+        let quota = keyrate.limiter.quota();
+        KeyrateUnder { keyrate, quota }
+    }
+}
+
+impl Competitor for KeyrateUnder {
+    type Local = ();
+    fn local(&self) {}
+    #[inline]
+    fn call(&self, _: &(), key: usize, _: u64, secs: f64, cost: u32) -> bool {
+        let keys = &self.keyrate.keys;
+        self.keyrate
+            .limiter
+            .under(&self.quota)
+            .allow_n(keys[key].as_str(), secs, u64::from(cost))
+    }
+}
+
 /// keyrate's per-connection handles: each thread resolves every key once
 /// (outside the timed region) and then spends with no map lookup.
 pub struct KeyrateHandle(pub Keyrate);
