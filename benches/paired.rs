@@ -11,12 +11,13 @@
 //! ```text
 //! cargo bench --bench paired                    # 15 rounds
 //! KEYRATE_PAIRED_ROUNDS=31 cargo bench --bench paired
+//! KEYRATE_PAIRED_ONLY=hammered cargo bench --bench paired  # scenarios whose name holds it
 //! ```
 
 #[allow(dead_code)]
 mod common;
 
-use common::{api_key, mix, Competitor, DashWord, Governor, Keyrate, Spec};
+use common::{api_key, mix, Competitor, DashWord, Governor, Keyrate, KeyrateUnder, Spec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -117,14 +118,20 @@ fn main() {
                 Pick::Rotate(k),
             )
         }))
+        .filter(|(name, ..)| {
+            std::env::var("KEYRATE_PAIRED_ONLY").map_or(true, |only| name.contains(&only))
+        })
         .collect();
     println!(
         "median ratio to governor over {rounds} paired rounds [lowest-highest round], \
          {SLICE} calls per thread per slice"
     );
     println!();
-    println!("| scenario | threads | keyrate | keyrate, no cache | dashmap_word |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| scenario | threads | keyrate | keyrate, no cache | keyrate, no stats | \
+         keyrate, quota per call | dashmap_word |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     // Caller time handed out so far: every slice takes a fresh stretch.
     let sim = AtomicU64::new(1_000_000_000);
     for (name, spec, keys, pick) in scenarios {
@@ -133,6 +140,8 @@ fn main() {
             Box::new(Governor::new(spec, table.clone())),
             Box::new(Keyrate::new(spec, table.clone())),
             Box::new(Keyrate::without_hot_key_cache(spec, table.clone())),
+            Box::new(Keyrate::without_stats(spec, table.clone())),
+            Box::new(KeyrateUnder::new(spec, table.clone())),
             Box::new(DashWord::new(spec, table.clone())),
         ];
         for competitor in &competitors {
