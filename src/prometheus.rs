@@ -104,7 +104,7 @@ type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 5] + Send + Sync>;
 /// use keyrate::TokenBucketLimiter;
 /// use std::sync::Arc;
 ///
-/// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
+/// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1).with_top_offenders(true));
 /// let metrics = Metrics::new().limiter("api", limiter.clone());
 /// assert!(limiter.allow("alice", 0.0));
 /// assert!(limiter.allow("mallory", 0.0));
@@ -157,10 +157,12 @@ impl Metrics {
     /// use keyrate::TokenBucketLimiter;
     /// use std::sync::Arc;
     ///
-    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
-    /// let metrics = Metrics::new().with_top_offenders(0).limiter("api", limiter.clone());
+    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1).with_top_offenders(true));
+    /// let all = Metrics::new().limiter("api", limiter.clone());
+    /// let none = Metrics::new().with_top_offenders(0).limiter("api", limiter.clone());
     /// assert!(limiter.allow("k", 0.0) && !limiter.allow("k", 0.0));
-    /// assert!(!metrics.render().contains("keyrate_offender_denials{"));
+    /// assert!(all.render().contains("keyrate_offender_denials{"));
+    /// assert!(!none.render().contains("keyrate_offender_denials{"));
     /// ```
     #[must_use]
     pub fn with_top_offenders(mut self, n: usize) -> Self {

@@ -50,7 +50,7 @@ pub const OFFENDER_SLOTS: usize = 32;
 /// ```
 /// use keyrate::TokenBucketLimiter;
 ///
-/// let limiter = TokenBucketLimiter::new(1.0, 1);
+/// let limiter = TokenBucketLimiter::new(1.0, 1).with_top_offenders(true);
 /// for _ in 0..10 {
 ///     let _ = limiter.allow("abuser", 0.0);
 /// }
