@@ -14,6 +14,7 @@
 //! | `keyrate_buckets_created_total`, `keyrate_buckets_evicted_total` | counter | |
 //! | `keyrate_sweeps_total`, `keyrate_sweep_seconds_total` | counter | |
 //! | `keyrate_backend_errors_total` | counter | (Redis limiters) |
+//! | `keyrate_mirror_denials_total` | counter | (Redis limiters: denials decided locally, with no round trip) |
 //! | `keyrate_buckets` | gauge | (in-memory limiters) |
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
@@ -264,6 +265,11 @@ impl Metrics {
             "Calls whose backend (Redis) round trip failed.",
             limiter,
         )?;
+        let mirror = counter(
+            "keyrate_mirror_denials_total",
+            "Denials the Redis deny mirror decided locally, with no round trip.",
+            limiter,
+        )?;
         let buckets = gauge("keyrate_buckets", "Buckets held.", limiter)?;
         let offender = gauge(
             "keyrate_offender_denials",
@@ -300,6 +306,7 @@ impl Metrics {
                 .with_label_values(l)
                 .inc_by(stats.sweep_time.as_secs_f64());
             backend.with_label_values(l).inc_by(stats.backend_errors);
+            mirror.with_label_values(l).inc_by(stats.mirror_denials);
             if let Some(n) = source.buckets() {
                 buckets.with_label_values(l).set(saturate(n as u64));
             }

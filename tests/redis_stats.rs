@@ -24,6 +24,9 @@ async fn async_decisions_are_counted_by_outcome() {
     assert_eq!(stats.denied_exceeds_capacity, 1);
     assert_eq!(stats.denied_invalid_timestamp, 1);
     assert_eq!(stats.backend_errors, 0);
+    // The second call was denied by the deny mirror's bound, with no
+    // round trip.
+    assert_eq!(stats.mirror_denials, 1);
 
     // A bucket key holding a hash: the script fails, the failure policy
     // (closed) denies, and the call counts as a backend error only.

@@ -58,6 +58,10 @@ pub struct Stats {
     /// Redis limiters only: calls whose Redis round trip failed, decided by
     /// the [`FailurePolicy`](crate::FailurePolicy) (and not counted above).
     pub backend_errors: u64,
+    /// Redis limiters only: denials decided locally by the deny mirror's
+    /// bound, with no round trip (also counted in
+    /// `denied_insufficient_tokens`).
+    pub mirror_denials: u64,
 }
 
 impl Stats {
@@ -85,9 +89,10 @@ pub(crate) enum Cell {
     Sweeps,
     SweepNanos,
     BackendErrors,
+    MirrorDenials,
 }
 
-const CELLS: usize = Cell::BackendErrors as usize + 1;
+const CELLS: usize = Cell::MirrorDenials as usize + 1;
 
 /// The cell that counts `denial`.
 fn denial_cell(denial: &Denial) -> Cell {
@@ -220,6 +225,7 @@ impl Counters {
             sweeps: sum[Cell::Sweeps as usize],
             sweep_time: Duration::from_nanos(sum[Cell::SweepNanos as usize]),
             backend_errors: sum[Cell::BackendErrors as usize],
+            mirror_denials: sum[Cell::MirrorDenials as usize],
         }
     }
 }

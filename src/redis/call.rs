@@ -10,6 +10,7 @@ use super::script::{self, Guess, Now};
 use super::settings::Settings;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
+use crate::observe::Cell;
 use ::redis::{ScriptInvocation, Value};
 use std::pin::Pin;
 use tokio::sync::futures::OwnedNotified;
@@ -95,7 +96,10 @@ impl Settings {
             if let (Some(at), Some(bound)) = (at, bound) {
                 // The real word is at least the bound: a denial here is
                 // Redis's denial too.
-                gcra::decide(bound, at, cost, quota).map_err(Err)?;
+                if let Err(denial) = gcra::decide(bound, at, cost, quota) {
+                    self.counters.add(Cell::MirrorDenials, 1);
+                    return Err(Err(denial));
+                }
             }
         }
         let mut flight = None;
