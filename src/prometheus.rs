@@ -197,7 +197,7 @@ impl Metrics {
     pub fn layer<F, C, K, S, P>(
         mut self,
         name: &str,
-        layer: &crate::RateLimitLayer<F, C, K, S, P>,
+        layer: &crate::layer::RateLimitLayer<F, C, K, S, P>,
     ) -> Self {
         let counts = layer.response_counts();
         let read = move || {
