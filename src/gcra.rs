@@ -262,14 +262,6 @@ impl Quota {
         self.window
     }
 
-    /// The refill a call of `cost` tokens uses up: `cost * interval`
-    /// nanoseconds, or `None` when that exceeds `2^63 - 2` ns.
-    #[inline]
-    pub(crate) fn spend(&self, cost: u64) -> Option<u64> {
-        cost.checked_mul(self.interval)
-            .filter(|&ns| ns <= MAX_SPEND_NANOS)
-    }
-
     /// Whole tokens held by a bucket lacking `missing` ns of refill.
     fn tokens_with(&self, missing: u64) -> u64 {
         // window = capacity * interval, so this is at most capacity.
@@ -327,18 +319,11 @@ fn decompose(value: f64) -> (u64, i32) {
 /// more than it held then. The word only ever grows.
 #[inline]
 pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
-    if cost == 0 {
+    let spend = spend_for(cost, quota)?;
+    if spend == 0 {
+        // Cost 0 (a positive cost spends at least one interval, 1 ns).
         return Ok(full_at);
     }
-    if cost > quota.capacity {
-        return Err(Denial::ExceedsCapacity {
-            cost,
-            capacity: quota.capacity,
-        });
-    }
-    // cost <= capacity, so spend <= capacity * interval = window: no
-    // overflow.
-    let spend = cost * quota.interval;
     // Refill the bucket still lacks at `now` after this call (capped: a
     // full bucket lacks nothing, whatever time has passed).
     let missing = full_at.saturating_sub(now).saturating_add(spend);
@@ -364,24 +349,21 @@ pub(crate) fn is_full(full_at: u64, now: u64) -> bool {
     full_at <= now
 }
 
-/// The checks [`decide`] makes before it reads the word, in its order:
-/// the refill `cost` uses up (0 for cost 0, which changes nothing), or the
-/// denial that no word can change. For callers that must fetch the word
-/// first (the Redis limiter): they skip the fetch when this denies.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+/// The checks made before the word is read: the refill `cost` uses up (0
+/// for cost 0, which changes nothing), or the denial that no word can
+/// change. [`decide`] starts with it, and so do callers that must fetch
+/// the word first (the Redis limiter): they skip the fetch when it denies.
 #[inline]
 pub(crate) fn spend_for(cost: u64, quota: &Quota) -> Result<u64, Denial> {
-    if cost == 0 {
-        return Ok(0);
-    }
     if cost > quota.capacity {
         return Err(Denial::ExceedsCapacity {
             cost,
             capacity: quota.capacity,
         });
     }
-    // cost <= capacity, so spend <= window and cannot fail.
-    Ok(quota.spend(cost).unwrap_or(u64::MAX))
+    // cost <= capacity, so spend <= capacity * interval = window: no
+    // overflow. Cost 0 spends 0.
+    Ok(cost * quota.interval)
 }
 
 #[cfg(test)]
@@ -474,8 +456,8 @@ mod tests {
     fn fractional_intervals_charge_a_whole_interval_per_token() {
         // 3 tokens/s: 333_333_333.3 ns per token, charged 333_333_334.
         let q = quota(3.0, 3);
-        assert_eq!(q.spend(1), Some(333_333_334));
-        assert_eq!(q.spend(2), Some(666_666_668));
+        assert_eq!(spend_for(1, &q).ok(), Some(333_333_334));
+        assert_eq!(spend_for(2, &q).ok(), Some(666_666_668));
         assert_eq!(q.window, 1_000_000_002);
         // A full bucket admits its whole burst, whatever the cost mix...
         for costs in [&[1, 1, 1][..], &[1, 2], &[2, 1], &[3]] {
@@ -492,7 +474,7 @@ mod tests {
         }
         // 0.1/s is not exactly representable: the interval rounds up to 10 s.
         let q = quota(0.1, 1);
-        assert_eq!(q.spend(1), Some(10 * SEC));
+        assert_eq!(spend_for(1, &q).ok(), Some(10 * SEC));
     }
 
     #[test]
@@ -502,8 +484,8 @@ mod tests {
             for missing in [0, 1, q.window / 3, q.window / 2 + 1, q.window - 1, q.window] {
                 let n = q.tokens_with(missing);
                 let available = q.window - missing;
-                assert!(n == 0 || q.spend(n).unwrap() <= available);
-                assert!(n == cap || q.spend(n + 1).unwrap() > available);
+                assert!(n == 0 || spend_for(n, &q).unwrap() <= available);
+                assert!(n == cap || spend_for(n + 1, &q).unwrap() > available);
             }
         }
     }

@@ -28,7 +28,7 @@
 //! honours it is admitted when it retries (if nothing else spent meanwhile).
 
 use crate::error::Denial;
-use crate::gcra::Quota;
+use crate::gcra::{self, Quota};
 use crate::keyed::{DefaultHasher, TokenBucketLimiter};
 use crate::observe::{ResponseCounts, Responses, Status};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
@@ -504,8 +504,7 @@ where
                 // refill, exact as the limiter counts it, in whole seconds.
                 let missing = quota.capacity().saturating_sub(remaining);
                 let until_full = ceil_secs(
-                    quota
-                        .spend(missing)
+                    gcra::spend_for(missing, &quota)
                         .map_or(quota.refill_time(), Duration::from_nanos),
                 );
                 let state = format!("{};r={remaining};t={until_full}", shared.policy_item);
