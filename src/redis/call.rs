@@ -84,6 +84,7 @@ impl Settings {
         let key = self.bucket_key(key);
         let mut bound = None;
         let mut sent = 0;
+        let mut flight = None;
         if let Some(mirror) = &self.mirror {
             sent = mirror.local_now();
             bound = mirror.bound(&key);
@@ -101,15 +102,8 @@ impl Settings {
                     return Err(Err(denial));
                 }
             }
-        }
-        let mut flight = None;
-        if let (true, Some(mirror)) = (coalesce && spend > 0, &self.mirror) {
-            let at = match now {
-                Now::At(ns) => Some(ns),
-                Now::Server => mirror.server_now(),
-            };
-            if let Some(at) = at {
-                match mirror.board(&key, at, cost, quota) {
+            if let (true, Some(at)) = (coalesce && spend > 0, at) {
+                match mirror.board(&key, at, cost, spend, quota) {
                     Boarding::Go(guard) => flight = guard,
                     Boarding::Wait(wait) => return Ok(Step::Wait(wait)),
                 }

@@ -131,7 +131,8 @@ impl Mirror {
         self.shard(key).read().get(key).map(|entry| entry.bound)
     }
 
-    /// Boards a call of `cost` on `key` at `at` that the bound admits:
+    /// Boards a call of `cost` (`spend` ns of refill) on `key` at `at`
+    /// that the bound admits:
     /// it goes when the bound still admits it with every call in flight
     /// counted as admitted (or when the entry cannot be kept), and waits
     /// otherwise.
@@ -140,9 +141,9 @@ impl Mirror {
         key: &str,
         at: u64,
         cost: u64,
+        spend: u64,
         quota: &Quota,
     ) -> Boarding {
-        let spend = quota.spend(cost).unwrap_or(u64::MAX);
         let mut shard = self.shard(key).write();
         if !shard.contains_key(key) {
             if shard.len() >= self.per_shard {
