@@ -55,10 +55,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(limiter.top_offenders(10).top.is_empty());
     /// ```
     #[must_use]
-    pub fn with_stats(mut self, on: bool) -> Self {
-        let (window, offenders) = (self.observer.window_nanos, self.observer.wants_offenders);
-        self.observer = new_observer(on, offenders, Some(window), self.observer.hasher().clone());
-        self
+    pub fn with_stats(self, on: bool) -> Self {
+        let (offenders, window) = (self.observer.wants_offenders, self.observer.window_nanos);
+        self.observed(on, offenders, window)
     }
 
     /// Tracks the keys denied most (off by default): every denial at a
@@ -83,10 +82,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert_eq!(limiter.top_offenders(1).top, vec![("abuser".to_string(), 4)]);
     /// ```
     #[must_use]
-    pub fn with_top_offenders(mut self, on: bool) -> Self {
-        let (window, stats) = (self.observer.window_nanos, self.observer.counters.is_on());
-        self.observer = new_observer(stats, on, Some(window), self.observer.hasher().clone());
-        self
+    pub fn with_top_offenders(self, on: bool) -> Self {
+        let (stats, window) = (self.observer.counters.is_on(), self.observer.window_nanos);
+        self.observed(stats, on, window)
     }
 
     /// Sets the epoch length of the offenders' window (by default
@@ -112,14 +110,20 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert_eq!(limiter.top_offenders(1).top, vec![("k".to_string(), 2)]);
     /// ```
     #[must_use]
-    pub fn with_offender_window(mut self, window: Duration) -> Self {
+    pub fn with_offender_window(self, window: Duration) -> Self {
         let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         let (on, offenders) = (
             self.observer.counters.is_on(),
             self.observer.wants_offenders,
         );
+        self.observed(on, offenders, window.max(1))
+    }
+
+    /// This limiter with a fresh observer: counters `on`, the offenders'
+    /// sketch if `offenders` (and `on`), epochs of `window` ns.
+    fn observed(mut self, on: bool, offenders: bool, window: u64) -> Self {
         let hasher = self.observer.hasher().clone();
-        self.observer = new_observer(on, offenders, Some(window.max(1)), hasher);
+        self.observer = new_observer(on, offenders, Some(window), hasher);
         self
     }
 
