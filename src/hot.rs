@@ -3,26 +3,33 @@
 //!
 //! A keyed call normally looks its key up in the sharded map, and taking a
 //! shard's lock writes the shard's lock word: a line that every core
-//! calling that shard takes turns to own. When one key is hammered from
+//! calling that shard takes turns to own. When keys are hammered from
 //! several threads (the attack a limiter exists for), that write, not the
-//! bucket, is what limits throughput. So each thread counts which bucket
-//! its lookups keep finding (Misra-Gries counters, eight per thread: a key
-//! that makes up more than a ninth of a thread's calls keeps gaining
-//! votes), and once one bucket has won 64 net votes, the limiter moves it
-//! to an `Arc`, exactly
-//! as for a [`BucketHandle`](crate::BucketHandle), and the thread keeps a
-//! clone with the key. Later calls on that key compare the key with the
-//! cached one and spend on the `Arc` directly: a denial then writes nothing
+//! bucket, is what limits throughput. So each thread counts which keys its
+//! map lookups keep asking for, and once a key has won 64 net votes, the
+//! limiter moves its bucket to an
+//! `Arc`, exactly as for a [`BucketHandle`](crate::BucketHandle), and the
+//! thread keeps a clone with the key. Later calls on that key find it in
+//! the cache and spend on the `Arc` directly: a denial then writes nothing
 //! shared, and an admission writes only the bucket's own word.
+//!
+//! Both the cache and the votes are indexed by the key's hash, which the
+//! call computes once for the map anyway: a probe compares the hashes of
+//! one set (one cache line), and a vote touches one set of four counters,
+//! however many keys are cached. The cache holds 32 sets of 8 buckets per
+//! thread, so an abuser rotating over dozens of keys is served from it;
+//! each vote set is a small Misra-Gries summary (a key gains votes while it
+//! makes up more than a fifth of its set's lookups), so random traffic
+//! over many keys promotes nothing.
 //!
 //! Decisions do not change: a cached `Arc` is the very bucket the map's
 //! entry points to (its word says `MOVED`), so every path spends on one
-//! word. Unlike a handle, a cache does not pin the bucket: a sweep may
-//! retire it once it is full, and the thread's next call on the key then
-//! finds it retired, drops the entry and goes to the map. Each thread caches
-//! at most eight buckets, so an abuser rotating over up to eight keys is
-//! served from the cache; a newly promoted key takes the slot with the fewest
-//! recent hits, and the cache is dropped when the thread exits.
+//! word, and a denial served from the cache reports the exact wait. Unlike
+//! a handle, a cache does not pin the bucket: a sweep may retire it once it
+//! is full, and the thread's next call on the key then finds it retired,
+//! drops the entry and goes to the map. A newly promoted key takes the way
+//! of its set with the fewest recent hits; the cache is allocated on a
+//! thread's first keyed call and dropped when the thread exits.
 //!
 //! Under `cfg(loom)` the cache is compiled out (loom runs its threads on one
 //! OS thread, so `std` thread-locals would be shared between them); what it
@@ -33,37 +40,63 @@ pub(crate) use imp::HotKeys;
 #[cfg(loom)]
 pub(crate) use off::HotKeys;
 
+/// What a probe of the calling thread's cache found.
+pub(crate) enum Probe<R> {
+    /// The key's bucket is cached here: the spend's outcome.
+    Hit(R),
+    /// Not cached; `promote` when the key has just won its slot's vote and
+    /// should now be cached (see [`HotKeys::insert`]).
+    Miss { promote: bool },
+}
+
 #[cfg(not(loom))]
 mod imp {
+    use super::Probe;
     use crate::bucket::Bucket;
     use crate::sync::unmodeled::{AtomicU64, Relaxed};
     use crate::sync::Arc;
+    use crossbeam_utils::CachePadded;
     use std::any::Any;
     use std::borrow::Borrow;
     use std::cell::RefCell;
 
-    /// Buckets cached per thread, over all limiters (and vote counters).
-    const SLOTS: usize = 8;
+    /// Sets of cached buckets per thread (over all limiters); a power of
+    /// two.
+    pub(crate) const SETS: usize = 32;
 
-    /// Net votes (calls on one bucket minus calls on others) that promote a
-    /// bucket into the calling thread's cache.
-    const PROMOTE_AFTER: u32 = 64;
+    /// Buckets per set. Eight ways make a set's hashes one cache line, and
+    /// let 64 hot keys share 32 sets with no set over-full in practice (a
+    /// ninth key in a set is left out, or takes the coldest way).
+    pub(crate) const WAYS: usize = 8;
 
-    /// The most hits an entry counts: halved at each promotion, so an entry
-    /// that stopped being called loses its slot within a few promotions.
+    /// Sets of vote counters per thread; a power of two.
+    pub(crate) const VOTE_SETS: usize = 128;
+
+    /// Misra-Gries counters per vote set: a key gains votes while it makes
+    /// up more than a fifth of its set's lookups.
+    pub(crate) const VOTE_WAYS: usize = 4;
+
+    /// Net votes that promote a key into the calling thread's cache.
+    pub(crate) const PROMOTE_AFTER: u32 = 64;
+
+    /// The most hits an entry counts: halved when a promotion lands in its
+    /// set, so an entry that stopped being called loses its way to the next
+    /// hot key.
     const MAX_HITS: u32 = 4 * PROMOTE_AFTER;
 
     /// Gives every limiter its own identity in the caches; never reused.
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
     thread_local! {
-        static CACHE: RefCell<Cache> = const { RefCell::new(Cache::EMPTY) };
+        /// Allocated on the thread's first keyed call (about 20 KiB), so
+        /// that threads that never call a limiter carry a null pointer.
+        static CACHE: RefCell<Option<Box<CachePadded<Cache>>>> = const { RefCell::new(None) };
     }
 
     /// One limiter's face on the per-thread caches.
     #[derive(Debug)]
     pub(crate) struct HotKeys {
-        /// Tags this limiter's entries; unique in the process.
+        /// Tags this limiter's entries and votes; unique in the process.
         id: u64,
         /// Whether this limiter uses the caches at all.
         on: bool,
@@ -75,28 +108,79 @@ mod imp {
         /// The key, a `K` of that limiter.
         key: Box<dyn Any>,
         bucket: Arc<Bucket>,
-        /// Hits since the last promotion halved it; the coldest entry
-        /// gives up its slot.
+        /// Hits since a promotion into this set last halved it; the coldest
+        /// way gives up its place.
         hits: u32,
+    }
+
+    /// One set of the cache: the hashes apart, so that a probe reads one
+    /// line.
+    struct Set {
+        /// The hash of each way's key (meaningless for a free way).
+        hashes: [u64; WAYS],
+        ways: [Option<Entry>; WAYS],
     }
 
     /// One thread's cache and its vote counters.
     struct Cache {
-        entries: [Option<Entry>; SLOTS],
-        /// Misra-Gries counters, one per slot: a limiter and bucket address
-        /// (`(0, 0)` when free) and its net votes. With eight counters, any
-        /// key that makes up more than a ninth of a thread's lookups keeps
-        /// gaining votes, so up to eight keys hammered together all get
-        /// cached.
-        candidates: [((u64, usize), u32); SLOTS],
+        sets: [Set; SETS],
+        /// Misra-Gries counters: a 32-bit tag of a limiter and key hash
+        /// (see [`vote_of`]) and its net votes (0: free).
+        votes: [[(u32, u32); VOTE_WAYS]; VOTE_SETS],
     }
 
     impl Cache {
-        const FREE: Option<Entry> = None;
-        const EMPTY: Cache = Cache {
-            entries: [Self::FREE; SLOTS],
-            candidates: [((0, 0), 0); SLOTS],
-        };
+        /// A new cache, padded so that no other allocation shares a cache
+        /// line with it: its entries' hit counts are written on every hit.
+        fn new() -> Box<CachePadded<Self>> {
+            Box::new(CachePadded::new(Cache {
+                sets: std::array::from_fn(|_| Set {
+                    hashes: [0; WAYS],
+                    ways: std::array::from_fn(|_| None),
+                }),
+                votes: [[(0, 0); VOTE_WAYS]; VOTE_SETS],
+            }))
+        }
+
+        /// Counts one lookup of the key tagged `(set, tag)`; true when it
+        /// has just won [`PROMOTE_AFTER`] net votes.
+        #[inline]
+        fn vote(&mut self, (set, tag): (usize, u32)) -> bool {
+            let counters = &mut self.votes[set];
+            if let Some(counter) = counters.iter_mut().find(|c| c.0 == tag && c.1 > 0) {
+                counter.1 += 1;
+                if counter.1 < PROMOTE_AFTER {
+                    return false;
+                }
+                *counter = (0, 0);
+                return true;
+            }
+            if let Some(counter) = counters.iter_mut().find(|c| c.1 == 0) {
+                *counter = (tag, 1);
+            } else {
+                for counter in counters.iter_mut() {
+                    counter.1 -= 1;
+                }
+            }
+            false
+        }
+    }
+
+    /// The set of a key whose hash is `hash`. Bits above the ones hashbrown
+    /// and the map's shards use, so that the keys of one shard spread over
+    /// all sets.
+    #[inline]
+    fn set_of(hash: u64) -> usize {
+        (hash >> 8) as usize % SETS
+    }
+
+    /// The vote set and tag of `hash` in limiter `limiter`. Two keys that
+    /// share both only share votes, and a promotion looks the key up
+    /// again, so a clash misdirects votes, never a decision.
+    #[inline]
+    fn vote_of(limiter: u64, hash: u64) -> (usize, u32) {
+        let mixed = hash ^ limiter.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((mixed >> 16) as usize % VOTE_SETS, mixed as u32)
     }
 
     impl HotKeys {
@@ -112,93 +196,70 @@ mod imp {
             self.on = on;
         }
 
-        /// Runs `f` on this thread's cached bucket for `key`, if it has one.
-        /// `f` returns `None` when the bucket has been retired: the entry is
-        /// then dropped.
+        /// Runs `f` on this thread's cached bucket for `key` (whose hash is
+        /// `hash`), if it has one; otherwise counts the lookup that follows
+        /// as a vote for `key`. `f` returns `None` when the bucket has been
+        /// retired: the entry is then dropped, and the lookup votes.
         #[inline]
-        pub(crate) fn with<K, Q, R>(
+        pub(crate) fn probe<K, Q, R>(
             &self,
+            hash: u64,
             key: &Q,
             f: impl FnOnce(&Bucket) -> Option<R>,
-        ) -> Option<R>
+        ) -> Probe<R>
         where
             K: Borrow<Q> + 'static,
             Q: Eq + ?Sized,
         {
             if !self.on {
-                return None;
+                return Probe::Miss { promote: false };
             }
             // `try_*`: during thread teardown, or if `K`'s drop code calls a
             // limiter from inside the cache, the call goes to the map.
             CACHE
                 .try_with(|cache| {
-                    let mut cache = cache.try_borrow_mut().ok()?;
-                    let slot = cache.entries.iter_mut().find(|slot| {
-                        slot.as_ref().is_some_and(|entry| {
-                            entry.limiter == self.id
-                                && entry
-                                    .key
-                                    .downcast_ref::<K>()
-                                    .is_some_and(|cached| cached.borrow() == key)
-                        })
-                    })?;
-                    let entry = slot.as_mut()?;
-                    let result = f(&entry.bucket);
-                    if result.is_some() {
-                        entry.hits = (entry.hits + 1).min(MAX_HITS);
-                    } else {
-                        // Retired by a sweep: forget it (dropped under the
-                        // borrow, see `insert`).
-                        drop(slot.take());
-                    }
-                    result
-                })
-                .ok()
-                .flatten()
-        }
-
-        /// Counts a map lookup that found the bucket at `found` (only the
-        /// address is used, so the lookup's lock may already be released);
-        /// true when the calling thread should now cache that key (see
-        /// [`insert`](Self::insert)).
-        #[inline]
-        pub(crate) fn vote(&self, found: *const Bucket) -> bool {
-            // The address stands for the key: stable while the entry stays
-            // put. A rehash or a reused address only misdirects a vote, and
-            // a promotion looks the key up again.
-            if !self.on {
-                return false;
-            }
-            let candidate = (self.id, found as usize);
-            CACHE
-                .try_with(|cache| {
                     let Ok(mut cache) = cache.try_borrow_mut() else {
-                        return false;
+                        return Probe::Miss { promote: false };
                     };
-                    let counters = &mut cache.candidates;
-                    if let Some(counter) = counters.iter_mut().find(|c| c.0 == candidate) {
-                        counter.1 += 1;
-                        if counter.1 < PROMOTE_AFTER {
-                            return false;
+                    let cache = cache.get_or_insert_with(Cache::new);
+                    let set = &mut cache.sets[set_of(hash)];
+                    for way in 0..WAYS {
+                        if set.hashes[way] != hash {
+                            continue;
                         }
-                        *counter = ((0, 0), 0);
-                        return true;
-                    }
-                    if let Some(counter) = counters.iter_mut().find(|c| c.1 == 0) {
-                        *counter = (candidate, 1);
-                    } else {
-                        for counter in counters.iter_mut() {
-                            counter.1 -= 1;
+                        let slot = &mut set.ways[way];
+                        let Some(entry) = slot.as_mut() else {
+                            continue;
+                        };
+                        let same = entry.limiter == self.id
+                            && entry
+                                .key
+                                .downcast_ref::<K>()
+                                .is_some_and(|cached| cached.borrow() == key);
+                        if !same {
+                            continue;
                         }
+                        if let Some(result) = f(&entry.bucket) {
+                            if entry.hits < MAX_HITS {
+                                entry.hits += 1;
+                            }
+                            return Probe::Hit(result);
+                        }
+                        // Retired by a sweep: forget it (dropped under the
+                        // borrow, see `insert`), and vote below.
+                        drop(slot.take());
+                        break;
                     }
-                    false
+                    Probe::Miss {
+                        promote: cache.vote(vote_of(self.id, hash)),
+                    }
                 })
-                .unwrap_or(false)
+                .unwrap_or(Probe::Miss { promote: false })
         }
 
-        /// Caches `key`'s moved bucket in the calling thread, in a free
-        /// slot or the coldest one.
-        pub(crate) fn insert<K: 'static>(&self, key: K, bucket: Arc<Bucket>) {
+        /// Caches `key`'s moved bucket in the calling thread, in a free way
+        /// of its set or the coldest one.
+        pub(crate) fn insert<K: 'static>(&self, hash: u64, key: K, bucket: Arc<Bucket>) {
             let entry = Entry {
                 limiter: self.id,
                 key: Box::new(key),
@@ -211,15 +272,16 @@ mod imp {
                 let Ok(mut cache) = cache.try_borrow_mut() else {
                     return;
                 };
-                let Some(slot) = cache
-                    .entries
-                    .iter_mut()
-                    .min_by_key(|slot| slot.as_ref().map_or(0, |e| u64::from(e.hits) + 1))
+                let cache = cache.get_or_insert_with(Cache::new);
+                let set = &mut cache.sets[set_of(hash)];
+                let Some(way) = (0..WAYS)
+                    .min_by_key(|&way| set.ways[way].as_ref().map_or(0, |e| u64::from(e.hits) + 1))
                 else {
                     return;
                 };
-                let evicted = slot.replace(entry);
-                for entry in cache.entries.iter_mut().flatten() {
+                let evicted = set.ways[way].replace(entry);
+                set.hashes[way] = hash;
+                for entry in set.ways.iter_mut().flatten() {
                     entry.hits /= 2;
                 }
                 // Dropped under the borrow: a reentrant call from `K`'s drop
@@ -236,6 +298,8 @@ mod off {
     use crate::sync::Arc;
     use std::borrow::Borrow;
 
+    use super::Probe;
+
     /// The cache, switched off: every call goes to the map.
     #[derive(Debug)]
     pub(crate) struct HotKeys;
@@ -250,18 +314,19 @@ mod off {
         // Same signature as the real cache's, so that callers compile
         // unchanged.
         #[allow(clippy::extra_unused_type_parameters)]
-        pub(crate) fn with<K, Q, R>(&self, _: &Q, _: impl FnOnce(&Bucket) -> Option<R>) -> Option<R>
+        pub(crate) fn probe<K, Q, R>(
+            &self,
+            _: u64,
+            _: &Q,
+            _: impl FnOnce(&Bucket) -> Option<R>,
+        ) -> Probe<R>
         where
             K: Borrow<Q> + 'static,
             Q: Eq + ?Sized,
         {
-            None
+            Probe::Miss { promote: false }
         }
 
-        pub(crate) fn vote(&self, _: *const Bucket) -> bool {
-            false
-        }
-
-        pub(crate) fn insert<K: 'static>(&self, _: K, _: Arc<Bucket>) {}
+        pub(crate) fn insert<K: 'static>(&self, _: u64, _: K, _: Arc<Bucket>) {}
     }
 }

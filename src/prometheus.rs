@@ -15,6 +15,7 @@
 //! | `keyrate_sweeps_total`, `keyrate_sweep_seconds_total` | counter | |
 //! | `keyrate_backend_errors_total` | counter | (Redis limiters) |
 //! | `keyrate_mirror_denials_total` | counter | (Redis limiters: denials decided locally, with no round trip) |
+//! | `keyrate_hot_key_promotions_total` | counter | (in-memory limiters: keys taken into a thread's hot-key cache) |
 //! | `keyrate_buckets` | gauge | (in-memory limiters) |
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
@@ -22,11 +23,11 @@
 //!
 //! # Cardinality
 //!
-//! A limiter contributes at most 14 series plus one per listed offender,
+//! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
 //! arrive; a layer contributes 5. So `n` limiters and `m` layers expose at
-//! most `n * (14 + top) + 5 * m` series.
+//! most `n * (15 + top) + 5 * m` series.
 //!
 //! Keys appear as label values (by their `Display`): if your keys are
 //! secrets (API keys), key the limiter by a non-secret id, or do not expose
@@ -270,6 +271,11 @@ impl Metrics {
             "Denials the Redis deny mirror decided locally, with no round trip.",
             limiter,
         )?;
+        let promotions = counter(
+            "keyrate_hot_key_promotions_total",
+            "Keys taken into a thread's hot-key cache.",
+            limiter,
+        )?;
         let buckets = gauge("keyrate_buckets", "Buckets held.", limiter)?;
         let offender = gauge(
             "keyrate_offender_denials",
@@ -307,6 +313,9 @@ impl Metrics {
                 .inc_by(stats.sweep_time.as_secs_f64());
             backend.with_label_values(l).inc_by(stats.backend_errors);
             mirror.with_label_values(l).inc_by(stats.mirror_denials);
+            promotions
+                .with_label_values(l)
+                .inc_by(stats.hot_key_promotions);
             if let Some(n) = source.buckets() {
                 buckets.with_label_values(l).set(saturate(n as u64));
             }

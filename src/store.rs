@@ -65,14 +65,26 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         self.shards.len()
     }
 
+    /// `key`'s hash: computed once per call by the caller, and handed to
+    /// the methods that take a `hash` (which must be this key's).
+    #[inline]
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     /// `key`'s hash, and the shard it lives in.
     #[inline]
     fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &Shard<K, V>) {
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hash(key);
+        (hash, self.shard(hash))
+    }
+
+    /// The shard of a key whose hash is `hash`.
+    #[inline]
+    fn shard(&self, hash: u64) -> &Shard<K, V> {
         // The bits below hashbrown's 7-bit tag (the hash's top bits), so
         // that the keys of one shard still spread over all tags.
-        let index = ((hash << 7) >> self.shift) as usize;
-        (hash, &self.shards[index])
+        &self.shards[((hash << 7) >> self.shift) as usize]
     }
 
     /// Runs `f` on `key`'s value, if present, under the shard's read lock.
@@ -89,15 +101,15 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
             .map(|(_, value)| f(value))
     }
 
-    /// Runs `f` on `key`'s value, if present, under the shard's write lock.
+    /// Runs `f` on `key`'s value, if present, under the shard's write
+    /// lock. `hash` is [`hash`](Self::hash)`(key)`.
     #[inline]
-    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
+    pub(crate) fn update<Q, R>(&self, hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, shard) = self.locate(key);
-        let mut shard = shard.write();
+        let mut shard = self.shard(hash).write();
         shard
             .find_mut(hash, |(k, _)| k.borrow() == key)
             .map(|(_, value)| f(value))
@@ -115,16 +127,17 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.try_write(key, || Some(init()), f)
+        self.try_write(self.hash(key), key, || Some(init()), f)
             .expect("init always inserts")
     }
 
     /// Like [`write`](Self::write), but `init` may decline to insert
     /// (returning `None`), in which case nothing is inserted and `None` is
     /// returned. `init` runs under the shard's write lock, only if the key
-    /// is absent.
+    /// is absent. `hash` is [`hash`](Self::hash)`(key)`.
     pub(crate) fn try_write<Q, R>(
         &self,
+        hash: u64,
         key: &Q,
         init: impl FnOnce() -> Option<V>,
         f: impl FnOnce(&mut V) -> R,
@@ -133,8 +146,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let (hash, shard) = self.locate(key);
-        let mut shard = shard.write();
+        let mut shard = self.shard(hash).write();
         let entry = shard.entry(
             hash,
             |(k, _)| k.borrow() == key,
@@ -223,7 +235,12 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         self.inner.read().unwrap().get(key).map(f)
     }
 
-    pub(crate) fn update<Q, R>(&self, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
+    /// One shard: no hash is needed to find it.
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, _key: &Q) -> u64 {
+        0
+    }
+
+    pub(crate) fn update<Q, R>(&self, _hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -247,6 +264,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
 
     pub(crate) fn try_write<Q, R>(
         &self,
+        _hash: u64,
         key: &Q,
         init: impl FnOnce() -> Option<V>,
         f: impl FnOnce(&mut V) -> R,

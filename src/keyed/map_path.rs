@@ -5,6 +5,7 @@ use super::TokenBucketLimiter;
 use crate::bucket::SpendError;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
+use crate::hot::Probe;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -25,22 +26,57 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let hash = self.buckets.hash(key);
         // Fastest path: the key is hot in this thread, and its moved
         // bucket is cached here (see `hot`). A moved bucket never moves
         // again, but a sweep may retire it; the cache then forgets it and
         // the call goes to the map.
-        let cached = self.hot.with::<K, Q, _>(key, |bucket| {
+        let probe = self.hot.probe::<K, Q, _>(hash, key, |bucket| {
             SpendError::decision(bucket.spend(now, cost, quota))
         });
-        if let Some(decided) = cached {
-            return decided;
+        let promote = match probe {
+            Probe::Hit(decided) => return decided,
+            Probe::Miss { promote } => promote,
+        };
+        // Fast path: the key exists, inline in its entry. Its shard's write
+        // lock is held while the word is updated in place, and released
+        // before any other call on the map.
+        let spent = self
+            .buckets
+            .update(hash, key, |bucket| bucket.spend_locked(now, cost, quota));
+        let decided = match spent {
+            Some(Ok(word)) => Ok(word),
+            Some(Err(SpendError::Denied(denial))) => Err(denial),
+            // Nothing was spent: look again, the slow way.
+            _ => return self.charge_slow(hash, key, now, cost, quota, promote),
+        };
+        if promote {
+            // Outside the shard lock: `promote` takes it for writing.
+            self.promote(hash, key);
         }
+        decided
+    }
+
+    /// The rest of `charge`, past a fast path that spent nothing: the
+    /// bucket moved to an `Arc`, was retired or does not exist.
+    #[cold]
+    #[inline(never)]
+    fn charge_slow<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+        promote: bool,
+    ) -> Result<u64, Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         loop {
-            // Fast path: the key exists. Its shard's write lock is held
-            // while the word is updated in place, and released before any
-            // other call on the map.
-            let fast = self.buckets.update(key, |bucket| {
-                let spent = match bucket.spend_locked(now, cost, quota) {
+            let spent = self.buckets.update(hash, key, |bucket| {
+                match bucket.spend_locked(now, cost, quota) {
                     // The bucket moved to a handle's `Arc` (lock order:
                     // this shard, then `moved`). A `MOVED` word always has
                     // its `moved` entry: both change under this shard's
@@ -50,14 +86,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                         .read(key, |moved| moved.bucket.spend(now, cost, quota))
                         .unwrap_or(Err(SpendError::Retired)),
                     other => other,
-                };
-                (spent, std::ptr::from_ref(bucket))
+                }
             });
-            if let Some((spent, found)) = fast {
-                // Outside the shard lock: the vote needs only the bucket's
-                // address, and `promote` takes the lock for writing.
-                if matches!(spent, Ok(_) | Err(SpendError::Denied(_))) && self.hot.vote(found) {
-                    self.promote(key);
+            if let Some(spent) = spent {
+                // Outside the shard lock: `promote` takes it for writing.
+                if promote && matches!(spent, Ok(_) | Err(SpendError::Denied(_))) {
+                    self.promote(hash, key);
                 }
                 // `None`: retired by a sweep, or moved under us; no live
                 // bucket.
@@ -65,7 +99,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                     return decided;
                 }
             }
-            if let Some(result) = self.create_or_retry(key, now, cost, quota) {
+            if let Some(result) = self.create_or_retry(hash, key, now, cost, quota) {
                 return result;
             }
         }
@@ -76,6 +110,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// again.
     fn create_or_retry<Q>(
         &self,
+        hash: u64,
         key: &Q,
         now: u64,
         cost: u64,
@@ -95,12 +130,19 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // Slow path: first call for this key. `None`: moved to a handle
         // under us (or retired, which the shard lock rules out); look the
         // key up again.
-        SpendError::decision(self.create(key, now, cost, quota))
+        SpendError::decision(self.create(hash, key, now, cost, quota))
     }
 
     /// Creates `key`'s bucket (unless another thread just did) and spends
     /// from it.
-    fn create<Q>(&self, key: &Q, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError>
+    fn create<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<u64, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -114,6 +156,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // when the key is absent, so a racing creation of the same key is
         // never refused. The key is cloned only here.
         let result = self.buckets.try_write(
+            hash,
             key,
             || occupancy.reserve().then(|| self.observer.created()),
             |bucket| bucket.spend_locked(now, cost, quota),

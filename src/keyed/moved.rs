@@ -3,6 +3,7 @@
 
 use super::{BucketHandle, TokenBucketLimiter};
 use crate::bucket::{Bucket, MOVED};
+use crate::observe::Cell;
 use crate::sync::Arc;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -21,20 +22,21 @@ pub(super) struct Moved {
 /// # Moving buckets into an `Arc`: hot-key promotion and handles
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Caches `key`'s bucket in the calling thread's hot-key cache, moving
-    /// it to an `Arc` first if it is still inline. Does nothing if
-    /// the key has no bucket any more.
+    /// it to an `Arc` first if it is still inline (`hash` is the key's). Does
+    /// nothing if the key has no bucket any more.
     #[cold]
-    pub(super) fn promote<Q>(&self, key: &Q)
+    pub(super) fn promote<Q>(&self, hash: u64, key: &Q)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let moved = self
-            .buckets
-            .try_write(key, || None, |bucket| self.move_to_arc(key, bucket));
+        let moved =
+            self.buckets
+                .try_write(hash, key, || None, |bucket| self.move_to_arc(key, bucket));
         if let Some(moved) = moved {
             // The cache holds the bucket, not the pin: a sweep may retire it.
-            self.hot.insert(key.to_owned(), moved.bucket);
+            self.hot.insert(hash, key.to_owned(), moved.bucket);
+            self.observer.counters.add(Cell::Promotions, 1);
         }
     }
 

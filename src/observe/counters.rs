@@ -62,6 +62,11 @@ pub struct Stats {
     /// bound, with no round trip (also counted in
     /// `denied_insufficient_tokens`).
     pub mirror_denials: u64,
+    /// In-memory limiters only: keys a thread's hot-key cache took in (see
+    /// [`with_hot_key_cache`](crate::TokenBucketLimiter::with_hot_key_cache)).
+    /// About one per hot key and thread; a count that keeps climbing under
+    /// steady traffic means the caches are thrashing.
+    pub hot_key_promotions: u64,
 }
 
 impl Stats {
@@ -90,9 +95,10 @@ pub(crate) enum Cell {
     SweepNanos,
     BackendErrors,
     MirrorDenials,
+    Promotions,
 }
 
-const CELLS: usize = Cell::MirrorDenials as usize + 1;
+const CELLS: usize = Cell::Promotions as usize + 1;
 
 /// The cell that counts `denial`.
 fn denial_cell(denial: &Denial) -> Cell {
@@ -226,6 +232,7 @@ impl Counters {
             sweep_time: Duration::from_nanos(sum[Cell::SweepNanos as usize]),
             backend_errors: sum[Cell::BackendErrors as usize],
             mirror_denials: sum[Cell::MirrorDenials as usize],
+            hot_key_promotions: sum[Cell::Promotions as usize],
         }
     }
 }
