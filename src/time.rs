@@ -34,12 +34,27 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
     }
     let bits = secs.to_bits();
     let biased = ((bits >> 52) & 0x7ff) as u32;
+    let mantissa = (bits & ((1 << 52) - 1)) | (1 << 52);
+    if (1003..1056).contains(&biased) {
+        // The usual range, 2^-20 s <= secs < 2^33 s (272 years), in 64-bit
+        // words. secs = mantissa * 2^-(t + 9) with 11 <= t <= 63, and
+        // 1e9 = 2^9 * 5^9, so nanos = mantissa * 5^9 / 2^t, rounded.
+        let t = 1066 - biased;
+        let product = u128::from(mantissa) * 1_953_125; // exact: < 2^74
+        let (low, high) = (product as u64, (product >> 64) as u64);
+        // `product >> (t - 1)`: twice the quotient, plus the half bit.
+        let doubled = (low >> (t - 1)) | (high << (65 - t));
+        let below_half = low & ((1 << (t - 1)) - 1);
+        let whole = doubled >> 1;
+        let round_up = doubled & 1 == 1 && (below_half != 0 || whole & 1 == 1);
+        // < 2^33 s: far below MAX_TIMESTAMP_NANOS.
+        return Some(whole + u64::from(round_up));
+    }
     if biased < 1023 - 32 {
         // secs < 2^-32 s (zero and subnormals included): below 0.5 ns.
         return Some(0);
     }
     // secs = mantissa * 2^-shift, with 18 <= shift <= 1075 - (1023 - 32).
-    let mantissa = (bits & ((1 << 52) - 1)) | (1 << 52);
     let shift = 1075 - biased;
     let product = u128::from(mantissa) * 1_000_000_000; // exact: < 2^83
     let whole = product >> shift;
