@@ -79,6 +79,7 @@ fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> D
 trait Slice: Sync {
     fn warm(&self, keys: usize);
     fn slice(&self, threads: usize, pick: Pick, base: u64) -> Duration;
+    fn promotions(&self) -> Option<u64>;
 }
 
 impl<C: Competitor> Slice for C {
@@ -90,6 +91,9 @@ impl<C: Competitor> Slice for C {
     }
     fn slice(&self, threads: usize, pick: Pick, base: u64) -> Duration {
         slice(self, threads, pick, base)
+    }
+    fn promotions(&self) -> Option<u64> {
+        Competitor::promotions(self)
     }
 }
 
@@ -134,6 +138,8 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     // Caller time handed out so far: every slice takes a fresh stretch.
     let sim = AtomicU64::new(1_000_000_000);
+    // keyrate's hot-key promotions per million timed calls, by scenario.
+    let mut promotions = Vec::new();
     for (name, spec, keys, pick) in scenarios {
         let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
         let competitors: Vec<Box<dyn Slice>> = vec![
@@ -147,6 +153,8 @@ fn main() {
         for competitor in &competitors {
             competitor.warm(keys);
         }
+        let promoted_before = competitors[1].promotions().unwrap_or(0);
+        let mut timed_calls = 0;
         for threads in [1, 2] {
             let mut ratios = vec![Vec::new(); competitors.len()];
             for round in 0..rounds {
@@ -156,6 +164,7 @@ fn main() {
                     let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
                     times[which] = competitors[which].slice(threads, pick, base);
                 }
+                timed_calls += SLICE * threads as u64;
                 for (which, time) in times.iter().enumerate() {
                     ratios[which].push(times[0].as_secs_f64() / time.as_secs_f64());
                 }
@@ -167,5 +176,17 @@ fn main() {
             }
             println!();
         }
+        let promoted = competitors[1].promotions().unwrap_or(0) - promoted_before;
+        promotions.push((name, promoted as f64 * 1e6 / timed_calls as f64));
+    }
+    // Every slice runs on fresh threads, whose caches start empty: each
+    // thread takes each hammered key in once per slice of SLICE calls, so
+    // 5 promotions per key per million calls is no churn at all; more
+    // means keys go in and out of the caches.
+    println!();
+    println!("keyrate (first column): hot-key promotions per million calls");
+    println!();
+    for (name, per_million) in promotions {
+        println!("- {name}: {per_million:.1}");
     }
 }

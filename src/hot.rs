@@ -6,8 +6,9 @@
 //! calling that shard takes turns to own. When keys are hammered from
 //! several threads (the attack a limiter exists for), that write, not the
 //! bucket, is what limits throughput. So each thread counts which keys its
-//! map lookups keep asking for, and once a key has won 64 net votes, the
-//! limiter moves its bucket to an
+//! map lookups keep asking for (one lookup in four, picked at random,
+//! votes), and once a key has won 16 net votes, the limiter moves its
+//! bucket to an
 //! `Arc`, exactly as for a [`BucketHandle`](crate::BucketHandle), and the
 //! thread keeps a clone with the key. Later calls on that key find it in
 //! the cache and spend on the `Arc` directly: a denial then writes nothing
@@ -76,8 +77,15 @@ mod imp {
     /// up more than a fifth of its set's lookups.
     pub(crate) const VOTE_WAYS: usize = 4;
 
-    /// Net votes that promote a key into the calling thread's cache.
-    pub(crate) const PROMOTE_AFTER: u32 = 64;
+    /// Net votes that promote a key into the calling thread's cache: with
+    /// one miss in [`VOTE_ONE_IN`] voting, a key hammered alone is cached
+    /// after about 64 calls.
+    pub(crate) const PROMOTE_AFTER: u32 = 16;
+
+    /// One miss in this many votes, picked at random: random traffic over
+    /// many keys pays for a vote a quarter of the time. Random, not every
+    /// fourth call: keys called in turn would alias with a fixed stride.
+    pub(crate) const VOTE_ONE_IN: u64 = 4;
 
     /// The most hits an entry counts: halved when a promotion lands in its
     /// set, so an entry that stopped being called loses its way to the next
@@ -123,6 +131,9 @@ mod imp {
 
     /// One thread's cache and its vote counters.
     struct Cache {
+        /// A linear congruential generator's state: its top bits pick the
+        /// misses that vote (see [`VOTE_ONE_IN`]).
+        dice: u64,
         sets: [Set; SETS],
         /// Misra-Gries counters: a 32-bit tag of a limiter and key hash
         /// (see [`vote_of`]) and its net votes (0: free).
@@ -134,6 +145,7 @@ mod imp {
         /// line with it: its entries' hit counts are written on every hit.
         fn new() -> Box<CachePadded<Self>> {
             Box::new(CachePadded::new(Cache {
+                dice: 0,
                 sets: std::array::from_fn(|_| Set {
                     hashes: [0; WAYS],
                     ways: std::array::from_fn(|_| None),
@@ -250,8 +262,13 @@ mod imp {
                         drop(slot.take());
                         break;
                     }
+                    cache.dice = cache
+                        .dice
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let votes = cache.dice >> 32 < (1 << 32) / VOTE_ONE_IN;
                     Probe::Miss {
-                        promote: cache.vote(vote_of(self.id, hash)),
+                        promote: votes && cache.vote(vote_of(self.id, hash)),
                     }
                 })
                 .unwrap_or(Probe::Miss { promote: false })

@@ -49,7 +49,7 @@ fn lookups_allocate_nothing(limiter: TokenBucketLimiter) {
     // a key called this often is then cached by this thread, once (a second
     // clone, a box, the shared bucket and its pin, and two small tables).
     let warm_up = allocations_during(|| {
-        for _ in 0..200 {
+        for _ in 0..2_000 {
             assert!(limiter.allow(key.as_str(), 0.0));
         }
     });
@@ -107,7 +107,7 @@ fn sixty_four_keys_hammered_together_are_all_cached_once() {
     }
     let alternate = |keys: &[&str]| {
         allocations_during(|| {
-            for i in 0..64 * 200 {
+            for i in 0..64 * 2_000 {
                 assert!(limiter.allow(keys[i % keys.len()], 0.0));
             }
         })

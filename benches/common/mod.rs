@@ -73,6 +73,10 @@ pub trait Competitor: Sync {
     type Local;
     fn local(&self) -> Self::Local;
     fn call(&self, local: &Self::Local, key: usize, ns: u64, secs: f64, cost: u32) -> bool;
+    /// keyrate only: keys its threads' hot-key caches have taken in so far.
+    fn promotions(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// keyrate's keyed API: `allow_n(&str, f64 seconds, cost)`.
@@ -119,6 +123,9 @@ impl Competitor for Keyrate {
     fn call(&self, _: &(), key: usize, _: u64, secs: f64, cost: u32) -> bool {
         self.limiter
             .allow_n(self.keys[key].as_str(), secs, u64::from(cost))
+    }
+    fn promotions(&self) -> Option<u64> {
+        Some(self.limiter.stats().hot_key_promotions)
     }
 }
 

@@ -188,17 +188,21 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the per-thread hot-key cache on (the default) or off.
     ///
-    /// With it on, a key that makes up more than a ninth of one thread's
-    /// calls (counted with eight Misra-Gries counters; 64 net votes win) is
-    /// cached by that thread: its bucket
-    /// moves to an `Arc`, as for a [`BucketHandle`](crate::BucketHandle), and the thread's
-    /// later calls on that key compare the key with the cached one and spend
-    /// with no map lookup. A key hammered from several threads then costs no
-    /// shared write per denial, where a map lookup writes the shard's lock
-    /// word. Decisions are the same either way, and a cached bucket is swept
-    /// like any other (the cache forgets it on its next call). Each thread
-    /// caches at most eight keys over all limiters, holding a copy of each;
-    /// the copies are dropped when the thread exits or caches other keys.
+    /// With it on, a key that one thread keeps calling (a sampled vote per
+    /// map lookup, counted by small Misra-Gries summaries indexed by the
+    /// key's hash) is cached by that thread: its bucket moves to an `Arc`,
+    /// as for a [`BucketHandle`](crate::BucketHandle), and the thread's
+    /// later calls on that key find it by its hash, compare the key with
+    /// the cached one and spend with no map lookup. Keys hammered from
+    /// several threads then cost no shared write per denial, where a map
+    /// lookup writes the shard's lock word. Decisions, and the waits
+    /// reported, are the same either way, and a cached bucket is swept like
+    /// any other (the cache forgets it on its next call). Each thread
+    /// caches up to 256 keys over all limiters (32 sets of 8, so dozens of
+    /// abusive keys fit), holding a copy of each; the copies are dropped
+    /// when the thread exits or caches other keys in their place.
+    /// [`Stats::hot_key_promotions`](crate::Stats::hot_key_promotions)
+    /// counts the keys taken in.
     ///
     /// # Examples
     ///
