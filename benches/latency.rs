@@ -51,6 +51,10 @@ trait Limiter: Send + Sync + 'static {
     /// Run once a second from a timer thread, if the limiter needs it.
     fn housekeeping(&self) {}
     fn len(&self) -> usize;
+    /// What the limiter says of its own housekeeping, if anything.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Limiter for TokenBucketLimiter {
@@ -60,6 +64,16 @@ impl Limiter for TokenBucketLimiter {
     }
     fn len(&self) -> usize {
         TokenBucketLimiter::len(self)
+    }
+    fn report(&self) -> Option<String> {
+        let stats = self.stats();
+        let steps = stats.sweeps.max(1);
+        Some(format!(
+            "keyrate: {} sweep steps, {:.1} µs each on average, {} buckets evicted",
+            stats.sweeps,
+            stats.sweep_time.as_secs_f64() * 1e6 / steps as f64,
+            stats.buckets_evicted,
+        ))
     }
 }
 
@@ -84,7 +98,7 @@ impl Limiter for GovernorKeyed {
 
 /// Runs the workload on `limiter`; returns the merged histogram (ns) and
 /// the buckets held at the end.
-fn run(limiter: Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
+fn run(limiter: &Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
     let live: Arc<Vec<String>> = Arc::new((0..LIVE).map(api_key).collect());
     let epoch = Instant::now();
     for key in live.iter() {
@@ -92,7 +106,7 @@ fn run(limiter: Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let timer = {
-        let (limiter, stop) = (Arc::clone(&limiter), Arc::clone(&stop));
+        let (limiter, stop) = (Arc::clone(limiter), Arc::clone(&stop));
         std::thread::spawn(move || {
             while !stop.load(Relaxed) {
                 std::thread::sleep(Duration::from_secs(1));
@@ -103,11 +117,8 @@ fn run(limiter: Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
     let barrier = Arc::new(Barrier::new(THREADS as usize));
     let workers: Vec<_> = (0..THREADS)
         .map(|thread| {
-            let (limiter, live, barrier) = (
-                Arc::clone(&limiter),
-                Arc::clone(&live),
-                Arc::clone(&barrier),
-            );
+            let (limiter, live, barrier) =
+                (Arc::clone(limiter), Arc::clone(&live), Arc::clone(&barrier));
             std::thread::spawn(move || {
                 let mut histogram =
                     Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
@@ -172,8 +183,10 @@ fn main() {
             Arc::new(GovernorKeyed(governor::RateLimiter::keyed(quota))),
         ),
     ];
+    let mut reports = Vec::new();
     for (name, limiter) in competitors {
-        let (histogram, held) = run(limiter, seconds);
+        let (histogram, held) = run(&limiter, seconds);
+        reports.extend(limiter.report());
         println!(
             "| {name} | {} | {} | {} | {} | {} | {} | {held} |",
             histogram.len(),
@@ -183,5 +196,9 @@ fn main() {
             micros(histogram.value_at_quantile(0.9999)),
             micros(histogram.max()),
         );
+    }
+    println!();
+    for report in reports {
+        println!("{report}");
     }
 }

@@ -42,6 +42,7 @@ pub(crate) use imp::HotKeys;
 pub(crate) use off::HotKeys;
 
 /// What a probe of the calling thread's cache found.
+#[cfg_attr(loom, allow(dead_code))] // loom's cache never hits
 pub(crate) enum Probe<R> {
     /// The key's bucket is cached here: the spend's outcome.
     Hit(R),

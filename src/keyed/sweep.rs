@@ -3,7 +3,8 @@
 
 use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering};
+use crate::store::Cursor;
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::time::{nanos_from_duration, nanos_from_secs};
 use crossbeam_utils::CachePadded;
 use std::hash::{BuildHasher, Hash};
@@ -63,19 +64,22 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         removed
     }
 
-    /// One step of the automatic sweep: sweeps the next shard at `now`.
-    /// Called by a creation that won [`Occupancy::step_due`].
+    /// One step of the automatic sweep: sweeps the next slice of the
+    /// current shard at `now`. Called by a creation that won
+    /// [`Occupancy::step_due`].
     pub(super) fn sweep_step(&self, now: u64) {
         let started = std::time::Instant::now();
         let occupancy = &self.occupancy;
-        let shard = occupancy.next_shard();
+        let (shard, at) = occupancy.position();
         let mut removed = 0;
-        let left = self.buckets.retain_shard(shard, |key, bucket| {
-            let evict = self.evict(key, bucket, now);
-            removed += usize::from(evict);
-            !evict
-        });
-        occupancy.stepped(removed, left, self.buckets.shard_count());
+        let next = self
+            .buckets
+            .retain_slice(shard, at, SWEEP_SLICE, |key, bucket| {
+                let evict = self.evict(key, bucket, now);
+                removed += usize::from(evict);
+                !evict
+            });
+        occupancy.stepped(removed, next, self.buckets.shard_count());
         self.observer.counters.swept(removed, started.elapsed());
     }
 
@@ -106,14 +110,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
 /// Counts buckets for the cap, and paces the automatic sweep.
 ///
-/// The automatic sweep runs in steps of one shard. A pass visits every
-/// shard once, in order, and is spread over as many creations as the
-/// previous pass left buckets (at least [`MIN_SWEEP_INTERVAL`]): one step
-/// every `pass / shards` creations. A creation that takes a step pays for
-/// one shard (about `len / shards` buckets), never for the whole map, and
-/// the cost per created bucket stays amortised O(1). The buckets held stay
-/// below what the last pass left plus the creations of one pass: about
-/// twice the keys active within the last refill time (or 2048).
+/// The automatic sweep runs in steps of one slice: [`SWEEP_SLICE`] of a
+/// shard's table buckets. A pass visits every shard once, in order, slice
+/// by slice, and is spread over as many creations as the previous pass
+/// left buckets (at least [`MIN_SWEEP_INTERVAL`]): one step every
+/// `pass / slices` creations, where `slices` is how many steps the
+/// previous pass took. A creation that takes a step pays for one slice,
+/// whatever the size of the map, and the cost per created bucket stays
+/// amortised O(1). The buckets held stay below what the last pass left
+/// plus the creations of one pass: about twice the keys active within the
+/// last refill time (or 2048).
 pub(super) struct Occupancy {
     /// Buckets held, plus places reserved by creations in flight, bounded
     /// by `max_buckets`. Kept only when there is a cap, so that without one
@@ -128,10 +134,14 @@ pub(super) struct Occupancy {
     /// guards `cursor` and `left`.
     sweeping: AtomicBool,
     /// The shard the next step sweeps. Written only by the holder of
-    /// `sweeping`.
+    /// `sweeping`, as are the four below.
     cursor: AtomicUsize,
-    /// Buckets the shards swept so far in this pass left. Written only by
-    /// the holder of `sweeping`.
+    /// Where in that shard the next step starts (a `store::Cursor`).
+    from: AtomicUsize,
+    layout: AtomicU64,
+    /// Steps taken so far in this pass.
+    slices: AtomicUsize,
+    /// Buckets the shards swept so far in this pass left.
     left: AtomicUsize,
     pub(super) max_buckets: usize,
     pub(super) auto_sweep: bool,
@@ -140,6 +150,10 @@ pub(super) struct Occupancy {
 /// The fewest creations a pass of the automatic sweep is spread over.
 #[cfg(not(loom))]
 const MIN_SWEEP_INTERVAL: usize = 1024;
+
+/// Table buckets a sweep step visits: a few hundred entries at most, tens
+/// of microseconds even when each evicted key's memory is cold.
+const SWEEP_SLICE: usize = 256;
 /// Under loom (one shard), every creation takes a sweep step, so that the
 /// models race the automatic sweep's real protocol against every call.
 #[cfg(loom)]
@@ -153,6 +167,9 @@ impl Occupancy {
             step_at: AtomicUsize::new((MIN_SWEEP_INTERVAL / shards).max(1)),
             sweeping: AtomicBool::new(false),
             cursor: AtomicUsize::new(0),
+            from: AtomicUsize::new(0),
+            layout: AtomicU64::new(0),
+            slices: AtomicUsize::new(0),
             left: AtomicUsize::new(0),
             max_buckets: usize::MAX,
             auto_sweep: true,
@@ -177,33 +194,49 @@ impl Occupancy {
         !self.sweeping.swap(true, Ordering::Acquire)
     }
 
-    /// The shard this step sweeps (the caller holds `sweeping`).
-    pub(super) fn next_shard(&self) -> usize {
+    /// The shard this step sweeps, and where in it (the caller holds
+    /// `sweeping`).
+    pub(super) fn position(&self) -> (usize, Cursor) {
         // Relaxed: only the holder of `sweeping` touches the cursor, and
         // the flag's Acquire/Release orders the holders one after another.
-        self.cursor.load(Ordering::Relaxed)
+        let at = Cursor {
+            from: self.from.load(Ordering::Relaxed),
+            layout: self.layout.load(Ordering::Relaxed),
+        };
+        (self.cursor.load(Ordering::Relaxed), at)
     }
 
-    /// Records a sweep step that removed `removed` buckets from its shard
-    /// and left `left` there, out of `shards` shards; ends the pass after
-    /// the last shard and paces the next one.
-    pub(super) fn stepped(&self, removed: usize, left: usize, shards: usize) {
+    /// Records a sweep step that removed `removed` buckets from its shard,
+    /// and stopped at `next` in it, or finished it leaving that many
+    /// buckets there, out of `shards` shards; ends the pass after the last
+    /// shard and paces the next one.
+    pub(super) fn stepped(&self, removed: usize, next: Result<Cursor, usize>, shards: usize) {
         self.release(removed);
-        // Relaxed: `cursor` and `left` are guarded by `sweeping` (see
-        // `next_shard`); `pressure` and `step_at` only pace (see `step_due`).
-        let left = self.left.load(Ordering::Relaxed) + left;
-        let cursor = self.cursor.load(Ordering::Relaxed) + 1;
+        // Relaxed: the cursor fields are guarded by `sweeping` (see
+        // `position`); `pressure` and `step_at` only pace (see `step_due`).
+        let slices = self.slices.load(Ordering::Relaxed) + 1;
+        let (cursor, at) = match next {
+            Ok(at) => (self.cursor.load(Ordering::Relaxed), at),
+            Err(left) => {
+                let left = self.left.load(Ordering::Relaxed) + left;
+                self.left.store(left, Ordering::Relaxed);
+                (self.cursor.load(Ordering::Relaxed) + 1, Cursor::default())
+            }
+        };
+        self.from.store(at.from, Ordering::Relaxed);
+        self.layout.store(at.layout, Ordering::Relaxed);
         if cursor < shards {
             self.cursor.store(cursor, Ordering::Relaxed);
-            self.left.store(left, Ordering::Relaxed);
+            self.slices.store(slices, Ordering::Relaxed);
         } else {
             // The pass is over: spread the next one over as many creations
-            // as this one left buckets.
+            // as this one left buckets, a step per slice.
+            let pass = self.left.load(Ordering::Relaxed).max(MIN_SWEEP_INTERVAL);
             self.cursor.store(0, Ordering::Relaxed);
             self.left.store(0, Ordering::Relaxed);
-            let pass = left.max(MIN_SWEEP_INTERVAL);
+            self.slices.store(0, Ordering::Relaxed);
             self.step_at
-                .store((pass / shards).max(1), Ordering::Relaxed);
+                .store((pass / slices).max(1), Ordering::Relaxed);
         }
         self.pressure.store(0, Ordering::Relaxed);
         // Release pairs with the Acquire in `step_due`.

@@ -1,14 +1,14 @@
 //! The keyed store: a concurrent map from keys to values, used only through
 //! the handful of operations below.
 //!
-//! The production map is [`SHARDS`] hashbrown `HashTable`s, each behind its
+//! The production map is [`SHARDS`] hashbrown tables, each behind its
 //! own read-write lock (the shape of a `DashMap`, whose shards cannot be
 //! reached one at a time without `unsafe`). A key's hash, computed once per
 //! call, picks its shard and then its slot. Owning the shards lets the
-//! automatic sweep visit one shard at a time ([`Map::retain_shard`]), and
-//! keeps each shard small: a shard's rehash, and a sweep step, touch about
-//! `len / SHARDS` entries, so no call stalls for a whole-map pass or a
-//! whole-map resize.
+//! automatic sweep visit a slice of one shard at a time
+//! ([`Map::retain_slice`]), and each shard's table grows a few entries per
+//! insertion rather than in one rehash (`table`), so no call stalls for a
+//! whole-map pass, a whole-shard pass or a whole-shard rehash.
 //!
 //! Under `cfg(loom)` the map is one `loom` read-write lock around a
 //! `HashMap`, standing in for a single shard: loom cannot see a
@@ -20,9 +20,21 @@
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
-/// Shards in the main map: a power of two. 256 keeps a shard near 4,000
-/// entries at a million keys (a sweep step or a rehash of that size takes
-/// tens of microseconds), for 10 KiB of locks and table headers. The
+#[cfg(not(loom))]
+mod table;
+
+/// Where the automatic sweep stopped in a shard: the next bucket, and the
+/// layout the index refers to (see `Map::retain_slice`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub(crate) from: usize,
+    pub(crate) layout: u64,
+}
+
+/// Shards in the main map: a power of two. 256 spreads two threads' calls
+/// over enough locks that they rarely meet, for 18 KiB of locks and table
+/// headers (a sweep step and a table's growth are bounded per call
+/// whatever the shard's size). The
 /// shards are not padded to a cache line each (that would cost 32 KiB, 3
 /// bytes a key at 10,000 keys): two threads meet on one line only when
 /// they call neighbouring shards at once.
@@ -35,7 +47,7 @@ pub(crate) const SHARDS: usize = 256;
 pub(crate) const FEW_SHARDS: usize = 8;
 
 #[cfg(not(loom))]
-type Shard<K, V> = parking_lot::RwLock<hashbrown::HashTable<(K, V)>>;
+type Shard<K, V> = parking_lot::RwLock<table::Table<(K, V)>>;
 
 #[cfg(not(loom))]
 pub(crate) struct Map<K, V, S> {
@@ -147,18 +159,13 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut shard = self.shard(hash).write();
-        let entry = shard.entry(
-            hash,
-            |(k, _)| k.borrow() == key,
-            |(k, _)| self.hasher.hash_one(k),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(mut entry) => Some(f(&mut entry.get_mut().1)),
-            hashbrown::hash_table::Entry::Vacant(entry) => {
-                let mut entry = entry.insert((key.to_owned(), init()?));
-                Some(f(&mut entry.get_mut().1))
-            }
+        let rehash = |(k, _): &(K, V)| self.hasher.hash_one(k);
+        if let Some((_, value)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
+            return Some(f(value));
         }
+        let value = init()?;
+        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
+        Some(f(value))
     }
 
     /// Keeps the entries for which `keep` returns true, each shard under
@@ -178,6 +185,37 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         shard.len()
     }
 
+    /// One slice of the automatic sweep: [`retain`](Self::retain) over up
+    /// to `len` buckets of shard `index`, from bucket `at.from` if the
+    /// shard's layout is still `at.layout` (else from its start), under
+    /// the shard's write lock. Returns where the next slice of this shard
+    /// starts, or, when this slice finished the shard, the entries it then
+    /// holds.
+    pub(crate) fn retain_slice(
+        &self,
+        index: usize,
+        at: Cursor,
+        len: usize,
+        mut keep: impl FnMut(&K, &V) -> bool,
+    ) -> Result<Cursor, usize> {
+        let mut shard = self.shards[index].write();
+        let from = if shard.layout() == at.layout {
+            at.from
+        } else {
+            0
+        };
+        let to = from.saturating_add(len).min(shard.buckets());
+        shard.retain_range(from..to, |(key, value)| keep(key, value));
+        if to < shard.buckets() {
+            Ok(Cursor {
+                from: to,
+                layout: shard.layout(),
+            })
+        } else {
+            Err(shard.len())
+        }
+    }
+
     /// Removes `key` if `remove` returns true for its value, under the
     /// shard's write lock; returns whether it did.
     pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool
@@ -186,14 +224,9 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         let (hash, shard) = self.locate(key);
-        let mut shard = shard.write();
-        match shard.find_entry(hash, |(k, _)| k.borrow() == key) {
-            Ok(entry) if remove(&entry.get().1) => {
-                entry.remove();
-                true
-            }
-            _ => false,
-        }
+        shard
+            .write()
+            .remove_if(hash, |(k, _)| k.borrow() == key, |(_, value)| remove(value))
     }
 
     pub(crate) fn shrink_to_fit(&self) {
@@ -298,6 +331,17 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         let mut map = self.inner.write().unwrap();
         map.retain(|key, value| keep(key, value));
         map.len()
+    }
+
+    /// The whole map in one slice.
+    pub(crate) fn retain_slice(
+        &self,
+        index: usize,
+        _at: Cursor,
+        _len: usize,
+        keep: impl FnMut(&K, &V) -> bool,
+    ) -> Result<Cursor, usize> {
+        Err(self.retain_shard(index, keep))
     }
 
     pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool
