@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Under `cfg(loom)` the library's own atomics, `Arc` and map lock are loom's
-//! (see `src/sync.rs` and `src/store.rs`), so these models explore every
+//! (see `src/sync.rs` and `src/store/mod.rs`), so these models explore every
 //! interleaving of the real bucket, the real decision and the real keyed
 //! insert and eviction paths. Each model with a `broken_` twin shows that the
 //! model can fail: the twin swaps one step of the protocol for a plausible
@@ -22,6 +22,7 @@
 //! | `eviction.rs` | model 4: eviction racing spends and handles |
 //! | `cap.rs` | model 5: the bucket cap's reservations, racing |
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
+//! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
 #![cfg(loom)]
 
 mod support;
@@ -29,6 +30,7 @@ mod support;
 mod cap;
 mod eviction;
 mod first_use;
+mod live_quota;
 mod same_instant;
 mod timestamps;
 mod unlocked_reads;

@@ -256,6 +256,26 @@ impl Quota {
         Duration::from_nanos(self.window)
     }
 
+    /// The quota as four words, for a cell that stores it in atomics.
+    pub(crate) fn to_words(self) -> [u64; 4] {
+        [
+            self.rate.to_bits(),
+            self.capacity,
+            self.interval,
+            self.window,
+        ]
+    }
+
+    /// The inverse of [`to_words`](Self::to_words), for words it returned.
+    pub(crate) fn from_words([rate, capacity, interval, window]: [u64; 4]) -> Quota {
+        Quota {
+            rate: f64::from_bits(rate),
+            capacity,
+            interval,
+            window,
+        }
+    }
+
     /// The refill of a full bucket, in nanoseconds: `capacity * interval`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn window(&self) -> u64 {

@@ -1,31 +1,73 @@
 //! A default quota that can be replaced while other threads read it.
+//!
+//! A sequence lock over four atomic words: a read loads the version, the
+//! words and the version again, writes nothing, and retries only if a
+//! store ran meanwhile; stores (rare: an operator changing a plan) take a
+//! lock among themselves. Every access is an atomic, so a read that races
+//! a store sees torn words only to throw them away.
 
 use crate::gcra::Quota;
-use crossbeam_utils::atomic::AtomicCell;
+use crate::sync::{fence, AtomicU64, Mutex, Ordering};
 use std::fmt;
 
 /// The default quota of a limiter, shared with its handles.
 pub(crate) struct LiveQuota {
-    /// Replaced whole by `store`. `Quota` is 32 bytes, so the cell is a
-    /// sequence lock: a load reads optimistically and writes nothing, and
-    /// retries only if a store ran meanwhile.
-    quota: AtomicCell<Quota>,
+    /// Even while the words are stable; odd while a store writes them.
+    /// Only grows.
+    version: AtomicU64,
+    /// `Quota::to_words` of the quota in force.
+    words: [AtomicU64; 4],
+    /// Lets one store at a time bump `version`.
+    writer: Mutex<()>,
 }
 
 impl LiveQuota {
     pub(crate) fn new(quota: Quota) -> Self {
         LiveQuota {
-            quota: AtomicCell::new(quota),
+            version: AtomicU64::new(0),
+            words: quota.to_words().map(AtomicU64::new),
+            writer: Mutex::new(()),
         }
     }
 
     #[inline]
     pub(crate) fn load(&self) -> Quota {
-        self.quota.load()
+        loop {
+            // Acquire pairs with the final Release store in `store`: the
+            // words written before that store are visible to the loads
+            // below.
+            let before = self.version.load(Ordering::Acquire);
+            // Relaxed: the version check below decides whether these
+            // values are kept.
+            let words = [0, 1, 2, 3].map(|i| self.words[i].load(Ordering::Relaxed));
+            // The fence orders the word loads before the version's second
+            // load; paired with the Release fence in `store`, a load that
+            // saw any word of a store in progress sees its odd version (or
+            // a later one) here.
+            fence(Ordering::Acquire);
+            let after = self.version.load(Ordering::Relaxed);
+            if before == after && before % 2 == 0 {
+                return Quota::from_words(words);
+            }
+            crate::sync::spin();
+        }
     }
 
     pub(crate) fn store(&self, quota: Quota) {
-        self.quota.store(quota);
+        // A poisoned lock only means a store panicked; the version is even
+        // again by construction (no panic can happen between the bumps).
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        // Relaxed: the writer lock orders stores among themselves.
+        let version = self.version.load(Ordering::Relaxed);
+        self.version.store(version + 1, Ordering::Relaxed);
+        // Release fence: the odd version is ordered before the word stores
+        // below, for any load that sees one of them (see `load`).
+        fence(Ordering::Release);
+        for (word, value) in self.words.iter().zip(quota.to_words()) {
+            word.store(value, Ordering::Relaxed);
+        }
+        // Release: publishes the words with the even version.
+        self.version.store(version + 2, Ordering::Release);
     }
 }
 

@@ -7,14 +7,14 @@
 //! silently check `std` atomics.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::Arc;
+pub(crate) use std::sync::{Arc, Mutex};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::Arc;
+pub(crate) use loom::sync::{Arc, Mutex};
 
 /// `std` atomics for state that loom does not model (the manual clock, and
 /// the statistics, which decide nothing): named here so that this file
@@ -22,4 +22,18 @@ pub(crate) use loom::sync::Arc;
 pub(crate) mod unmodeled {
     pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
     pub(crate) use std::sync::Mutex;
+}
+
+/// A wait for another thread's progress (a retried optimistic read): a
+/// spin hint, or under loom a yield, which lets the model schedule the
+/// thread waited for.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn spin() {
+    std::hint::spin_loop();
+}
+
+#[cfg(loom)]
+pub(crate) fn spin() {
+    loom::thread::yield_now();
 }

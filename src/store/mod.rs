@@ -122,9 +122,11 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         let mut shard = self.shard(hash).write();
-        shard
+        let result = shard
             .find_mut(hash, |(k, _)| k.borrow() == key)
-            .map(|(_, value)| f(value))
+            .map(|(_, value)| f(value));
+        shard.step(|(k, _)| self.hasher.hash_one(k));
+        result
     }
 
     /// Runs `f` on `key`'s value under the shard's write lock, inserting

@@ -11,7 +11,8 @@
 //! (`main`), and every write to the shard moves a few of `old`'s entries
 //! over ([`STEP`]) until none is left. Lookups try `main`, then `old` while
 //! it holds anything. An insertion moves `STEP` entries and adds one, so
-//! `old` is empty long before `main` fills up.
+//! `old` is empty long before `main` fills up. Until then both tables
+//! hold memory: up to half as much again as the shard's table alone.
 //!
 //! The automatic sweep visits a table a slice of buckets at a time
 //! ([`retain_range`](Table::retain_range)), `old`'s buckets first, then
@@ -23,9 +24,9 @@
 
 use hashbrown::HashTable;
 
-/// Entries moved from `old` to `main` by each insertion while `old` is not
-/// empty: `old` holds at most half of `main`'s room when it is set aside,
-/// so it is empty before `main` fills up.
+/// Entries moved from `old` to `main` by each write (an insertion or an
+/// update) while `old` is not empty: `old` holds at most half of `main`'s
+/// room when it is set aside, so it is empty before `main` fills up.
 const STEP: usize = 2;
 
 /// Tables this small grow the plain way: their rehash costs less than a
@@ -90,9 +91,7 @@ impl<T> Table<T> {
     /// yet; returns it in place.
     /// Moves up to [`STEP`] entries from `old` to `main` first.
     pub(crate) fn insert(&mut self, hash: u64, value: T, hasher: impl Fn(&T) -> u64) -> &mut T {
-        if !self.old.is_empty() {
-            self.move_some(STEP, &hasher);
-        }
+        self.step(&hasher);
         if self.main.len() == self.main.capacity() {
             if self.main.len() >= SMALL {
                 self.set_aside(&hasher);
@@ -102,6 +101,16 @@ impl<T> Table<T> {
             }
         }
         self.main.insert_unique(hash, value, hasher).into_mut()
+    }
+
+    /// Moves up to [`STEP`] entries from `old` to `main`, if it holds any:
+    /// every write to the shard calls it, so that `old`, and the memory it
+    /// holds, lasts as few calls as possible.
+    #[inline]
+    pub(crate) fn step(&mut self, hasher: impl Fn(&T) -> u64) {
+        if !self.old.is_empty() {
+            self.move_some(STEP, &hasher);
+        }
     }
 
     /// Identifies what bucket indices mean; see [`retain_range`](Self::retain_range).

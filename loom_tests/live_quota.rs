@@ -1,0 +1,29 @@
+//! Model 7: the default quota replaced while another thread reads it.
+//!
+//! `set_quota` stores four words under a sequence lock, and every keyed call
+//! reads them with `quota()`'s optimistic read. In every interleaving, the
+//! read returns the old quota or the new one, whole: never some words of
+//! one and some of the other (a torn quota could have a window that
+//! matches no interval).
+
+use crate::support::model;
+use keyrate::{Quota, TokenBucketLimiter};
+use loom::sync::Arc;
+use loom::thread;
+
+#[test]
+fn a_quota_is_read_whole_while_it_is_replaced() {
+    model("a_quota_is_read_whole_while_it_is_replaced", || {
+        let first = Quota::new(1.0, 3).unwrap();
+        let second = Quota::new(1000.0, 70).unwrap();
+        let limiter: Arc<TokenBucketLimiter> = Arc::new(TokenBucketLimiter::with_quota(first));
+        let writer = {
+            let limiter = Arc::clone(&limiter);
+            thread::spawn(move || limiter.set_quota(second))
+        };
+        let read = limiter.quota();
+        assert!(read == first || read == second, "a torn quota: {read:?}");
+        writer.join().unwrap();
+        assert_eq!(limiter.quota(), second);
+    });
+}
