@@ -38,17 +38,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             Probe::Hit(decided) => return decided,
             Probe::Miss { promote } => promote,
         };
-        // Fast path: the key exists, inline in its entry. Its shard's write
-        // lock is held while the word is updated in place, and released
-        // before any other call on the map.
-        let spent = self
-            .buckets
-            .update(hash, key, |bucket| bucket.spend_locked(now, cost, quota));
-        let decided = match spent {
+        // Fast path: the key has a bucket, in its entry or moved.
+        let decided = match self.spend_entry(hash, key, now, cost, quota) {
             Some(Ok(word)) => Ok(word),
             Some(Err(SpendError::Denied(denial))) => Err(denial),
-            // Nothing was spent: look again, the slow way.
-            _ => return self.charge_slow(hash, key, now, cost, quota, promote),
+            // No live bucket: nothing was spent.
+            _ => return self.charge_slow(hash, key, now, cost, quota),
         };
         if promote {
             // Outside the shard lock: `promote` takes it for writing.
@@ -57,8 +52,40 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         decided
     }
 
-    /// The rest of `charge`, past a fast path that spent nothing: the
-    /// bucket moved to an `Arc`, was retired or does not exist.
+    /// Spends from `key`'s bucket where its entry says it is: in the entry,
+    /// under its shard's write lock (the word is updated in place, and the
+    /// lock released before any other call on the map), or in the moved
+    /// bucket. `None`: the key has no entry; `Retired`: its bucket was
+    /// retired under us.
+    #[inline]
+    fn spend_entry<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u64,
+        quota: &Quota,
+    ) -> Option<Result<u64, SpendError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.buckets.update(hash, key, |bucket| {
+            match bucket.spend_locked(now, cost, quota) {
+                // The bucket moved to a handle's `Arc` (lock order: this
+                // shard, then `moved`). A `MOVED` word always has its
+                // `moved` entry: both change under this shard's write lock.
+                Err(SpendError::Moved) => self
+                    .moved
+                    .read(key, |moved| moved.bucket.spend(now, cost, quota))
+                    .unwrap_or(Err(SpendError::Retired)),
+                other => other,
+            }
+        })
+    }
+
+    /// The rest of `charge`, past a fast path that found no live bucket:
+    /// creates one, or finds the one another thread just made.
     #[cold]
     #[inline(never)]
     fn charge_slow<Q>(
@@ -68,39 +95,22 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         now: u64,
         cost: u64,
         quota: &Quota,
-        promote: bool,
     ) -> Result<u64, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         loop {
-            let spent = self.buckets.update(hash, key, |bucket| {
-                match bucket.spend_locked(now, cost, quota) {
-                    // The bucket moved to a handle's `Arc` (lock order:
-                    // this shard, then `moved`). A `MOVED` word always has
-                    // its `moved` entry: both change under this shard's
-                    // write lock.
-                    Err(SpendError::Moved) => self
-                        .moved
-                        .read(key, |moved| moved.bucket.spend(now, cost, quota))
-                        .unwrap_or(Err(SpendError::Retired)),
-                    other => other,
-                }
-            });
-            if let Some(spent) = spent {
-                // Outside the shard lock: `promote` takes it for writing.
-                if promote && matches!(spent, Ok(_) | Err(SpendError::Denied(_))) {
-                    self.promote(hash, key);
-                }
-                // `None`: retired by a sweep, or moved under us; no live
-                // bucket.
-                if let Some(decided) = SpendError::decision(spent) {
-                    return decided;
-                }
-            }
             if let Some(result) = self.create_or_retry(hash, key, now, cost, quota) {
                 return result;
+            }
+            // Moved under us (or retired, which the shard lock rules out):
+            // spend where the entry now says.
+            if let Some(decided) = self
+                .spend_entry(hash, key, now, cost, quota)
+                .and_then(SpendError::decision)
+            {
+                return decided;
             }
         }
     }
