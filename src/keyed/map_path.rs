@@ -9,6 +9,16 @@ use crate::hot::Probe;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
+/// One keyed spend, as it goes down the map path: `cost` tokens of `key`
+/// (whose hash is `hash`) at `now` (validated nanoseconds), under `quota`.
+struct Call<'a, Q: ?Sized> {
+    hash: u64,
+    key: &'a Q,
+    now: u64,
+    cost: u64,
+    quota: &'a Quota,
+}
+
 /// # The map path: charging a key, and creating its bucket
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Charges `cost` to `key` at `now` (validated nanoseconds): spends
@@ -38,12 +48,19 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             Probe::Hit(decided) => return decided,
             Probe::Miss { promote } => promote,
         };
+        let call = Call {
+            hash,
+            key,
+            now,
+            cost,
+            quota,
+        };
         // Fast path: the key has a bucket, in its entry or moved.
-        let decided = match self.spend_entry(hash, key, now, cost, quota) {
+        let decided = match self.spend_entry(&call) {
             Some(Ok(word)) => Ok(word),
             Some(Err(SpendError::Denied(denial))) => Err(denial),
             // No live bucket: nothing was spent.
-            _ => return self.charge_slow(hash, key, now, cost, quota),
+            _ => return self.charge_slow(&call),
         };
         if promote {
             // Outside the shard lock: `promote` takes it for writing.
@@ -52,24 +69,24 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         decided
     }
 
-    /// Spends from `key`'s bucket where its entry says it is: in the entry,
-    /// under its shard's write lock (the word is updated in place, and the
-    /// lock released before any other call on the map), or in the moved
-    /// bucket. `None`: the key has no entry; `Retired`: its bucket was
-    /// retired under us.
+    /// Spends from the key's bucket where its entry says it is: in the
+    /// entry, under its shard's write lock (the word is updated in place,
+    /// and the lock released before any other call on the map), or in the
+    /// moved bucket. `None`: the key has no entry; `Retired`: its bucket
+    /// was retired under us.
     #[inline]
-    fn spend_entry<Q>(
-        &self,
-        hash: u64,
-        key: &Q,
-        now: u64,
-        cost: u64,
-        quota: &Quota,
-    ) -> Option<Result<u64, SpendError>>
+    fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<u64, SpendError>>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        Q: Hash + Eq + ?Sized,
     {
+        let Call {
+            hash,
+            key,
+            now,
+            cost,
+            quota,
+        } = *call;
         self.buckets.update(hash, key, |bucket| {
             match bucket.spend_locked(now, cost, quota) {
                 // The bucket moved to a handle's `Arc` (lock order: this
@@ -85,91 +102,54 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// The rest of `charge`, past a fast path that found no live bucket:
-    /// creates one, or finds the one another thread just made.
+    /// creates one (unless the call would change nothing, or could never
+    /// be admitted), or finds the one another thread just made.
     #[cold]
     #[inline(never)]
-    fn charge_slow<Q>(
-        &self,
-        hash: u64,
-        key: &Q,
-        now: u64,
-        cost: u64,
-        quota: &Quota,
-    ) -> Result<u64, Denial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        loop {
-            if let Some(result) = self.create_or_retry(hash, key, now, cost, quota) {
-                return result;
-            }
-            // Moved under us (or retired, which the shard lock rules out):
-            // spend where the entry now says.
-            if let Some(decided) = self
-                .spend_entry(hash, key, now, cost, quota)
-                .and_then(SpendError::decision)
-            {
-                return decided;
-            }
-        }
-    }
-
-    /// The slow path of `charge`: the key has no live bucket. Creates one
-    /// and spends from it, or returns `None` when the key must be looked up
-    /// again.
-    fn create_or_retry<Q>(
-        &self,
-        hash: u64,
-        key: &Q,
-        now: u64,
-        cost: u64,
-        quota: &Quota,
-    ) -> Option<Result<u64, Denial>>
+    fn charge_slow<Q>(&self, call: &Call<'_, Q>) -> Result<u64, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A call that would change nothing on a full bucket (cost 0) or
         // be denied even there (cost > capacity) creates no bucket.
-        match gcra::decide(0, now, cost, quota) {
-            Ok(0) => return Some(Ok(0)),
+        match gcra::decide(0, call.now, call.cost, call.quota) {
+            Ok(0) => return Ok(0),
             Ok(_) => {}
-            Err(denial) => return Some(Err(denial)),
+            Err(denial) => return Err(denial),
         }
-        // Slow path: first call for this key. `None`: moved to a handle
-        // under us (or retired, which the shard lock rules out); look the
-        // key up again.
-        SpendError::decision(self.create(hash, key, now, cost, quota))
+        loop {
+            // `None`: moved to a handle under us (or retired, which the
+            // shard lock rules out); spend where the entry now says.
+            if let Some(decided) = SpendError::decision(self.create(call)) {
+                return decided;
+            }
+            if let Some(decided) = self.spend_entry(call).and_then(SpendError::decision) {
+                return decided;
+            }
+        }
     }
 
-    /// Creates `key`'s bucket (unless another thread just did) and spends
-    /// from it.
-    fn create<Q>(
-        &self,
-        hash: u64,
-        key: &Q,
-        now: u64,
-        cost: u64,
-        quota: &Quota,
-    ) -> Result<u64, SpendError>
+    /// Creates the key's bucket (unless another thread just did) and
+    /// spends from it.
+    fn create<Q>(&self, call: &Call<'_, Q>) -> Result<u64, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let occupancy = &self.occupancy;
         if occupancy.step_due() {
-            self.sweep_step(now);
+            self.sweep_step(call.now);
         }
         // The shard's write lock makes two racing first calls end up on the
         // same bucket, and the place under the cap is reserved under it only
         // when the key is absent, so a racing creation of the same key is
         // never refused. The key is cloned only here.
         let result = self.buckets.try_write(
-            hash,
-            key,
+            call.hash,
+            call.key,
             || occupancy.reserve().then(|| self.observer.created()),
-            |bucket| bucket.spend_locked(now, cost, quota),
+            |bucket| bucket.spend_locked(call.now, call.cost, call.quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
             max_buckets: occupancy.max_buckets,
