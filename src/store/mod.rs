@@ -32,7 +32,7 @@ pub(crate) struct Cursor {
 }
 
 /// Shards in the main map: a power of two. 256 spreads two threads' calls
-/// over enough locks that they rarely meet, for 18 KiB of locks and table
+/// over enough locks that they rarely meet, for 22 KiB of locks and table
 /// headers (a sweep step and a table's growth are bounded per call
 /// whatever the shard's size). The
 /// shards are not padded to a cache line each (that would cost 32 KiB, 3
