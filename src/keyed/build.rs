@@ -158,16 +158,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Turns the automatic sweep on (the default) or off.
     ///
-    /// With it on, creating buckets now and then sweeps one of the map's
-    /// 256 shards at the creating call's timestamp (as
-    /// [`sweep`](Self::sweep) does for all of them). A pass visits every
-    /// shard in turn and is spread over as many calls that tried to create
-    /// a bucket as the previous pass left buckets (at least 1024), so the
-    /// cost per created bucket is amortised O(1) (one bucket visited per
-    /// creation, on average), no call pays for more than one shard (about
-    /// 1/256 of the buckets), and the buckets held stay below about twice
-    /// the keys active within the last [`refill_time`](Quota::refill_time)
-    /// (or 2048).
+    /// With it on, creating buckets now and then sweeps a slice of one of
+    /// the map's 256 shards (256 table buckets) at the creating call's
+    /// timestamp (as [`sweep`](Self::sweep) does for the whole map). A pass
+    /// visits every shard in turn, slice by slice, and is spread over as
+    /// many calls that tried to create a bucket as the previous pass left
+    /// buckets (at least 1024), so the cost per created bucket is amortised
+    /// O(1) (one bucket visited per creation, on average), no call pays for
+    /// more than one slice, whatever the size of the map, and the buckets
+    /// held stay below about twice the keys active within the last
+    /// [`refill_time`](Quota::refill_time) (or 2048).
     ///
     /// # Examples
     ///
