@@ -27,13 +27,10 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 /// every call, so it avoids the general conversion's extra work.
 #[inline]
 pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
-    // Rejects NaN (every comparison is false), negatives, infinities and
-    // anything clearly beyond the range; -0.0 passes and becomes 0.
-    if !(0.0..9_223_372_037.0).contains(&secs) {
-        return None;
-    }
     let bits = secs.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as u32;
+    // The sign bit and the biased exponent together: positive values
+    // only, so that one range test below also rejects negatives.
+    let biased = (bits >> 52) as u32;
     let mantissa = (bits & ((1 << 52) - 1)) | (1 << 52);
     if (1003..1056).contains(&biased) {
         // The usual range, 2^-20 s <= secs < 2^33 s (272 years), in 64-bit
@@ -50,6 +47,12 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
         // < 2^33 s: far below MAX_TIMESTAMP_NANOS.
         return Some(whole + u64::from(round_up));
     }
+    // Rejects NaN (every comparison is false), negatives, infinities and
+    // anything clearly beyond the range; -0.0 passes and becomes 0.
+    if !(0.0..9_223_372_037.0).contains(&secs) {
+        return None;
+    }
+    let biased = biased & 0x7ff;
     if biased < 1023 - 32 {
         // secs < 2^-32 s (zero and subnormals included): below 0.5 ns.
         return Some(0);
@@ -245,6 +248,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             values.push(f64::from_bits(x >> 1)); // any positive pattern
+            values.push(-f64::from_bits(x >> 1)); // and its negative
             let scale = 10f64.powi((i % 22) as i32 - 12);
             values.push((x >> 11) as f64 / (1u64 << 53) as f64 * scale);
             // Exact half-nanosecond ties: odd multiples of 2^-k seconds.

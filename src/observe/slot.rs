@@ -8,6 +8,7 @@
 //! one overflow stripe, written with atomic read-modify-writes and a lock.
 
 use crate::sync::unmodeled::Mutex;
+use std::cell::Cell;
 
 /// Indices given back by exited threads, and the next never-used index.
 static FREE: Mutex<(Vec<usize>, usize)> = Mutex::new((Vec::new(), 0));
@@ -32,6 +33,10 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // From here on this thread records into the shared overflow
+        // stripe: the index is about to go to another thread. (`INDEX` has
+        // no destructor, so it is still there during teardown.)
+        let _ = INDEX.try_with(|cached| cached.set(usize::MAX));
         // The lock orders this thread's last writes to its stripes before
         // the next owner's first ones (it takes the same lock in `take`).
         let mut free = FREE.lock().unwrap_or_else(|e| e.into_inner());
@@ -41,13 +46,36 @@ impl Drop for Slot {
 
 thread_local! {
     static SLOT: Slot = Slot::take();
+    /// A copy of `SLOT`'s index, read on every call: a plain `const`
+    /// thread-local, with no initialisation or destructor state to check.
+    /// `UNSET` until the thread's first call.
+    static INDEX: Cell<usize> = const { Cell::new(UNSET) };
 }
+
+const UNSET: usize = usize::MAX - 1;
 
 /// The calling thread's slot index; `usize::MAX` (the overflow stripe)
 /// while the thread is being torn down.
 #[inline]
 pub(crate) fn index() -> usize {
-    SLOT.try_with(|slot| slot.0).unwrap_or(usize::MAX)
+    let index = INDEX.with(Cell::get);
+    if index != UNSET {
+        return index;
+    }
+    first_index()
+}
+
+/// Takes the thread's slot on its first call (or reads the overflow index
+/// during teardown, without caching it).
+#[cold]
+fn first_index() -> usize {
+    match SLOT.try_with(|slot| slot.0) {
+        Ok(index) => {
+            INDEX.with(|cached| cached.set(index));
+            index
+        }
+        Err(_) => usize::MAX,
+    }
 }
 
 /// How many exclusive stripes a limiter keeps: twice the cores, at least
