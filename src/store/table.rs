@@ -39,7 +39,7 @@ pub(crate) struct Table<T> {
     /// Where new entries go, and where all of them are once `old` is empty.
     main: HashTable<T>,
     /// The table `main` replaced when it ran out of room, emptied by
-    /// insertions.
+    /// writes (and the sweep); its memory goes with its last entry.
     old: HashTable<T>,
     /// The first bucket of `old` not yet emptied: moves resume there, so
     /// each costs O(1) however far the emptying has got.
@@ -88,8 +88,8 @@ impl<T> Table<T> {
     }
 
     /// Inserts `value`, whose hash is `hash` and which is not in the table
-    /// yet; returns it in place.
-    /// Moves up to [`STEP`] entries from `old` to `main` first.
+    /// yet; returns it in place. Moves up to [`STEP`] entries from `old` to
+    /// `main` first.
     pub(crate) fn insert(&mut self, hash: u64, value: T, hasher: impl Fn(&T) -> u64) -> &mut T {
         self.step(&hasher);
         if self.main.len() == self.main.capacity() {
@@ -105,11 +105,14 @@ impl<T> Table<T> {
 
     /// Moves up to [`STEP`] entries from `old` to `main`, if it holds any:
     /// every write to the shard calls it, so that `old`, and the memory it
-    /// holds, lasts as few calls as possible.
+    /// holds, lasts as few calls as possible. An `old` that the sweep
+    /// emptied is freed here, with no scan.
     #[inline]
     pub(crate) fn step(&mut self, hasher: impl Fn(&T) -> u64) {
         if !self.old.is_empty() {
             self.move_some(STEP, &hasher);
+        } else if self.old.allocation_size() > 0 {
+            self.drop_old();
         }
     }
 
@@ -169,11 +172,16 @@ impl<T> Table<T> {
             }
             self.old_next += 1;
         }
-        if self.old.is_empty() && self.old.num_buckets() > 0 {
-            self.old = HashTable::new();
-            self.old_next = 0;
-            self.layout += 1;
+        if self.old.is_empty() && self.old.allocation_size() > 0 {
+            self.drop_old();
         }
+    }
+
+    /// Frees the emptied `old`; `main`'s bucket indices then start at 0.
+    fn drop_old(&mut self) {
+        self.old = HashTable::new();
+        self.old_next = 0;
+        self.layout += 1;
     }
 
     /// Keeps the entries for which `keep` returns true.
@@ -261,6 +269,26 @@ mod tests {
         }
         assert!(set_aside >= 5, "{set_aside} set-asides");
         assert_eq!(table.len(), 50_000);
+    }
+
+    /// A set-aside table that the sweep empties is freed by the next write,
+    /// not kept until the next set-aside.
+    #[test]
+    fn a_swept_empty_old_table_is_freed() {
+        let mut table = Table::default();
+        let mut x = 0u64;
+        while table.old.allocation_size() == 0 {
+            table.insert(hash(&x), x, hash);
+            x += 1;
+        }
+        // The sweep removes everything the set-aside table holds.
+        table.retain_range(0..table.old.num_buckets(), |_| false);
+        assert!(table.old.is_empty());
+        assert!(table.old.allocation_size() > 0);
+        table.step(hash);
+        assert_eq!(table.old.allocation_size(), 0);
+        assert_eq!(table.len(), table.main.len());
+        assert!(table.len() > 0);
     }
 
     /// A sweep in slices, old's buckets then main's, with insertions (and
