@@ -135,6 +135,11 @@ mod imp {
         /// A linear congruential generator's state: its top bits pick the
         /// misses that vote (see [`VOTE_ONE_IN`]).
         dice: u64,
+        /// Each set's ways' tags (see [`tag_of`]), a byte a way, so that a
+        /// probe that finds nothing reads one word: all the sets' tags
+        /// fit in four cache lines, which random traffic keeps warm. A
+        /// free way's byte is meaningless.
+        tags: [u64; SETS],
         sets: [Set; SETS],
         /// Misra-Gries counters: a 32-bit tag of a limiter and key hash
         /// (see [`vote_of`]) and its net votes (0: free).
@@ -147,6 +152,7 @@ mod imp {
         fn new() -> Box<CachePadded<Self>> {
             Box::new(CachePadded::new(Cache {
                 dice: 0,
+                tags: [0; SETS],
                 sets: std::array::from_fn(|_| Set {
                     hashes: [0; WAYS],
                     ways: std::array::from_fn(|_| None),
@@ -185,6 +191,25 @@ mod imp {
     #[inline]
     fn set_of(hash: u64) -> usize {
         (hash >> 8) as usize % SETS
+    }
+
+    /// The byte that stands for `hash` in its set's tags: bits that
+    /// neither [`set_of`], the map's shards nor hashbrown use.
+    #[inline]
+    pub(super) fn tag_of(hash: u64) -> u8 {
+        (hash >> 24) as u8
+    }
+
+    /// The ways of a set whose tag byte in `tags` is `tag`: a bit mask with
+    /// the top bit of each such way's byte set, possibly with stray bits
+    /// above a true match (the classic zero-byte test), which the caller's
+    /// full comparison discards.
+    #[inline]
+    pub(super) fn ways_tagged(tags: u64, tag: u8) -> u64 {
+        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+        const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+        let zero_where_equal = tags ^ (u64::from(tag) * ONES);
+        zero_where_equal.wrapping_sub(ONES) & !zero_where_equal & HIGHS
     }
 
     /// The vote set and tag of `hash` in limiter `limiter`. Two keys that
@@ -235,8 +260,12 @@ mod imp {
                         return Probe::Miss { promote: false };
                     };
                     let cache = cache.get_or_insert_with(Cache::new);
-                    let set = &mut cache.sets[set_of(hash)];
-                    for way in 0..WAYS {
+                    let index = set_of(hash);
+                    let mut candidates = ways_tagged(cache.tags[index], tag_of(hash));
+                    let set = &mut cache.sets[index];
+                    while candidates != 0 {
+                        let way = candidates.trailing_zeros() as usize / 8;
+                        candidates &= candidates - 1;
                         if set.hashes[way] != hash {
                             continue;
                         }
@@ -290,8 +319,9 @@ mod imp {
                 let Ok(mut cache) = cache.try_borrow_mut() else {
                     return;
                 };
-                let cache = cache.get_or_insert_with(Cache::new);
-                let set = &mut cache.sets[set_of(hash)];
+                let cache: &mut Cache = cache.get_or_insert_with(Cache::new);
+                let index = set_of(hash);
+                let set = &mut cache.sets[index];
                 let Some(way) = (0..WAYS)
                     .min_by_key(|&way| set.ways[way].as_ref().map_or(0, |e| u64::from(e.hits) + 1))
                 else {
@@ -299,6 +329,9 @@ mod imp {
                 };
                 let evicted = set.ways[way].replace(entry);
                 set.hashes[way] = hash;
+                let mut tags = cache.tags[index].to_le_bytes();
+                tags[way] = tag_of(hash);
+                cache.tags[index] = u64::from_le_bytes(tags);
                 for entry in set.ways.iter_mut().flatten() {
                     entry.hits /= 2;
                 }
@@ -306,6 +339,43 @@ mod imp {
                 // finds the cache busy and goes to the map.
                 drop(evicted);
             });
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::imp::{tag_of, ways_tagged};
+
+    /// Every way whose tag matches is a candidate, and the lowest candidate
+    /// (the one a probe tries first) is always a true match.
+    #[test]
+    fn tagged_ways_include_every_match() {
+        let mut state = 0x243f_6a88_85a3_08d3_u64;
+        for round in 0..200_000u64 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let tag = tag_of(state.rotate_left(17));
+            let mut bytes = state.to_le_bytes();
+            // Plant the tag in a few ways, and its neighbours in others.
+            for (way, byte) in bytes.iter_mut().enumerate() {
+                match (round >> (3 * way)) % 4 {
+                    0 => *byte = tag,
+                    1 => *byte = tag.wrapping_add(1),
+                    2 => *byte = tag.wrapping_sub(1),
+                    _ => {}
+                }
+            }
+            let mask = ways_tagged(u64::from_le_bytes(bytes), tag);
+            for (way, &byte) in bytes.iter().enumerate() {
+                let flagged = mask >> (8 * way + 7) & 1 == 1;
+                assert!(byte != tag || flagged, "way {way} missed: {bytes:?} {tag}");
+                assert_eq!(mask >> (8 * way) & 0x7f, 0, "only top bits: {mask:x}");
+            }
+            if mask != 0 {
+                assert_eq!(bytes[mask.trailing_zeros() as usize / 8], tag);
+            }
         }
     }
 }

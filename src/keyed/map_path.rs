@@ -25,6 +25,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// it from the key's bucket, wherever that bucket lives. Returns the
     /// bucket's new word. `quota` is the default quota or the caller's
     /// (see `plan`).
+    #[inline(always)]
     pub(super) fn charge<Q>(
         &self,
         key: &Q,
@@ -74,7 +75,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// and the lock released before any other call on the map), or in the
     /// moved bucket. `None`: the key has no entry; `Retired`: its bucket
     /// was retired under us.
-    #[inline]
+    #[inline(always)]
     fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<u64, SpendError>>
     where
         K: Borrow<Q>,

@@ -115,7 +115,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
 
     /// Runs `f` on `key`'s value, if present, under the shard's write
     /// lock. `hash` is [`hash`](Self::hash)`(key)`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn update<Q, R>(&self, hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
