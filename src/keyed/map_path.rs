@@ -2,7 +2,7 @@
 //! or a new bucket.
 
 use super::TokenBucketLimiter;
-use crate::bucket::SpendError;
+use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::hot::Probe;
@@ -56,50 +56,76 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             cost,
             quota,
         };
-        // Fast path: the key has a bucket, in its entry or moved.
-        let decided = match self.spend_entry(&call) {
+        // Fast path, one shard lock: the key's bucket, in its entry or
+        // moved; or a new entry, when the call spends and the cap has room.
+        let mut created = false;
+        let spent = self.buckets.update_or_insert(
+            hash,
+            key,
+            |bucket| self.spend_in(bucket, &call),
+            || {
+                let occupancy = &self.occupancy;
+                let spends = matches!(gcra::decide(0, now, cost, quota), Ok(word) if word != 0);
+                created = spends && occupancy.reserve();
+                created.then(|| self.observer.created())
+            },
+        );
+        let decided = match spent {
             Some(Ok(word)) => Ok(word),
             Some(Err(SpendError::Denied(denial))) => Err(denial),
-            // No live bucket: nothing was spent.
+            // Nothing was spent: no live bucket, and none made here.
             _ => return self.charge_slow(&call),
         };
-        if promote {
+        if created {
+            // Outside the shard lock: a step takes other shards' locks.
+            if self.occupancy.step_due() {
+                self.sweep_step(now);
+            }
+        } else if promote {
             // Outside the shard lock: `promote` takes it for writing.
             self.promote(hash, key);
         }
         decided
     }
 
-    /// Spends from the key's bucket where its entry says it is: in the
-    /// entry, under its shard's write lock (the word is updated in place,
-    /// and the lock released before any other call on the map), or in the
-    /// moved bucket. `None`: the key has no entry; `Retired`: its bucket
-    /// was retired under us.
+    /// Spends from `bucket`, a map entry under its shard's write lock (the
+    /// word is updated in place, and the lock released before any other
+    /// call on the map), or from the moved bucket it stands for.
+    /// `Retired`: the moved bucket was retired under us.
     #[inline(always)]
-    fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<u64, SpendError>>
+    fn spend_in<Q>(&self, bucket: &mut Bucket, call: &Call<'_, Q>) -> Result<u64, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let Call {
-            hash,
             key,
             now,
             cost,
             quota,
+            ..
         } = *call;
-        self.buckets.update(hash, key, |bucket| {
-            match bucket.spend_locked(now, cost, quota) {
-                // The bucket moved to a handle's `Arc` (lock order: this
-                // shard, then `moved`). A `MOVED` word always has its
-                // `moved` entry: both change under this shard's write lock.
-                Err(SpendError::Moved) => self
-                    .moved
-                    .read(key, |moved| moved.bucket.spend(now, cost, quota))
-                    .unwrap_or(Err(SpendError::Retired)),
-                other => other,
-            }
-        })
+        match bucket.spend_locked(now, cost, quota) {
+            // The bucket moved to a handle's `Arc` (lock order: this
+            // shard, then `moved`). A `MOVED` word always has its
+            // `moved` entry: both change under this shard's write lock.
+            Err(SpendError::Moved) => self
+                .moved
+                .read(key, |moved| moved.bucket.spend(now, cost, quota))
+                .unwrap_or(Err(SpendError::Retired)),
+            other => other,
+        }
+    }
+
+    /// Spends from the key's bucket where its entry says it is (see
+    /// [`spend_in`](Self::spend_in)). `None`: the key has no entry.
+    fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<u64, SpendError>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.buckets
+            .update(call.hash, call.key, |bucket| self.spend_in(bucket, call))
     }
 
     /// The rest of `charge`, past a fast path that found no live bucket:

@@ -159,6 +159,43 @@ const SWEEP_SLICE: usize = 256;
 #[cfg(loom)]
 const MIN_SWEEP_INTERVAL: usize = 1;
 
+/// Creations sampled for the sweep's pacing: one in this many counts, with
+/// this weight (see [`Occupancy::step_due`]). Under loom, every creation
+/// counts, so that the models see every step.
+#[cfg(not(loom))]
+const PRESSURE_ONE_IN: usize = 8;
+#[cfg(loom)]
+const PRESSURE_ONE_IN: usize = 1;
+
+/// Steps at least this many creations apart sample creations; closer ones
+/// count every creation, so that a small map's pace stays exact.
+const PRESSURE_SAMPLED_FROM: usize = 64;
+
+/// True about one call in `n` (a power of two), at random: each thread
+/// draws from its own generator, which no key can steer.
+#[cfg(not(loom))]
+fn one_in(n: usize) -> bool {
+    use std::cell::Cell;
+    thread_local! {
+        static DICE: Cell<u64> = const { Cell::new(0x853c_49e6_748f_ea9b) };
+    }
+    DICE.try_with(|dice| {
+        let next = dice
+            .get()
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        dice.set(next);
+        // The top bits: an LCG's best.
+        (next >> 32) as usize % n == 0
+    })
+    .unwrap_or(true)
+}
+
+#[cfg(loom)]
+fn one_in(_: usize) -> bool {
+    true
+}
+
 impl Occupancy {
     pub(super) fn new(shards: usize) -> Self {
         Occupancy {
@@ -184,8 +221,21 @@ impl Occupancy {
         }
         // Relaxed: the counters only pace the sweep; an off-by-a-few
         // reading delays or advances it slightly and decides nothing else.
-        let pressure = self.pressure.fetch_add(1, Ordering::Relaxed) + 1;
-        if pressure < self.step_at.load(Ordering::Relaxed) {
+        let step_at = self.step_at.load(Ordering::Relaxed);
+        // Where steps are far apart, one creation in `PRESSURE_ONE_IN`,
+        // picked at random, counts for that many: the same pace on
+        // average, and a shared write for one creation in eight instead of
+        // every one (two threads creating keys took turns owning it).
+        let weight = if step_at >= PRESSURE_SAMPLED_FROM {
+            if !one_in(PRESSURE_ONE_IN) {
+                return false;
+            }
+            PRESSURE_ONE_IN
+        } else {
+            1
+        };
+        let pressure = self.pressure.fetch_add(weight, Ordering::Relaxed) + weight;
+        if pressure < step_at {
             return false;
         }
         // Acquire pairs with the Release in `stepped`: this step sees the

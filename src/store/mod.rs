@@ -129,6 +129,34 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         result
     }
 
+    /// Runs `f` on `key`'s value under the shard's write lock, as
+    /// [`update`](Self::update) does; if the key is absent, inserts
+    /// `init()` first, unless `init` declines (`None`). One lock and one
+    /// lookup either way. `hash` is [`hash`](Self::hash)`(key)`.
+    #[inline(always)]
+    pub(crate) fn update_or_insert<Q, R>(
+        &self,
+        hash: u64,
+        key: &Q,
+        f: impl FnOnce(&mut V) -> R,
+        init: impl FnOnce() -> Option<V>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut shard = self.shard(hash).write();
+        let rehash = |(k, _): &(K, V)| self.hasher.hash_one(k);
+        if let Some((_, value)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
+            let result = f(value);
+            shard.step(rehash);
+            return Some(result);
+        }
+        let value = init()?;
+        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
+        Some(f(value))
+    }
+
     /// Runs `f` on `key`'s value under the shard's write lock, inserting
     /// `init()` first if the key is absent. The key is cloned only here.
     pub(crate) fn write<Q, R>(
@@ -245,16 +273,25 @@ pub(crate) const SHARDS: usize = 1;
 #[cfg(loom)]
 pub(crate) const FEW_SHARDS: usize = 1;
 
+/// The loom map's hasher: fixed keys, so that a sweep visits the entries
+/// in the same order in every execution (loom replays each schedule and
+/// requires the same operations in the same order; a randomly seeded
+/// hasher would reorder the sweep's retirements between runs).
+#[cfg(loom)]
+type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
+
 #[cfg(loom)]
 pub(crate) struct Map<K, V, S> {
-    inner: loom::sync::RwLock<std::collections::HashMap<K, V, S>>,
+    inner: loom::sync::RwLock<std::collections::HashMap<K, V, FixedHasher>>,
+    _hasher: std::marker::PhantomData<S>,
 }
 
 #[cfg(loom)]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(hasher: S, _shards: usize) -> Self {
+    pub(crate) fn with_hasher(_hasher: S, _shards: usize) -> Self {
         Map {
-            inner: loom::sync::RwLock::new(std::collections::HashMap::with_hasher(hasher)),
+            inner: loom::sync::RwLock::new(std::collections::HashMap::default()),
+            _hasher: std::marker::PhantomData,
         }
     }
 
@@ -281,6 +318,20 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ?Sized,
     {
         self.inner.write().unwrap().get_mut(key).map(f)
+    }
+
+    pub(crate) fn update_or_insert<Q, R>(
+        &self,
+        hash: u64,
+        key: &Q,
+        f: impl FnOnce(&mut V) -> R,
+        init: impl FnOnce() -> Option<V>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.try_write(hash, key, init, f)
     }
 
     pub(crate) fn write<Q, R>(

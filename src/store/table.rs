@@ -10,9 +10,11 @@
 //! (`old`), a table with room for twice its entries takes its place
 //! (`main`), and every write to the shard moves a few of `old`'s entries
 //! over ([`STEP`]) until none is left. Lookups try `main`, then `old` while
-//! it holds anything. An insertion moves `STEP` entries and adds one, so
-//! `old` is empty long before `main` fills up. Until then both tables
-//! hold memory: up to half as much again as the shard's table alone.
+//! it holds anything. A write moves `STEP` entries, so `old` is empty
+//! after writes numbering a sixteenth of its entries, long before `main`
+//! fills up. Until then both tables hold memory (half as much again as the
+//! shard's table alone): a short window of each doubling, where a plain
+//! table's rehash holds both for the length of one call.
 //!
 //! The automatic sweep visits a table a slice of buckets at a time
 //! ([`retain_range`](Table::retain_range)), `old`'s buckets first, then
@@ -26,8 +28,12 @@ use hashbrown::HashTable;
 
 /// Entries moved from `old` to `main` by each write (an insertion or an
 /// update) while `old` is not empty: `old` holds at most half of `main`'s
-/// room when it is set aside, so it is empty before `main` fills up.
-const STEP: usize = 2;
+/// room when it is set aside, so it is empty before `main` fills up. Moves
+/// cost a rehash each (tens of ns, a key's cold heap copy included), so a
+/// write pays at most about a microsecond for them; two at a time kept
+/// both tables' memory for half of each doubling (bytes per key 1.32x
+/// governor's at 10^6 keys, `benches/bytes_per_key.rs`).
+const STEP: usize = 16;
 
 /// Tables this small grow the plain way: their rehash costs less than a
 /// few moves do.
