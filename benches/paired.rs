@@ -12,6 +12,7 @@
 //! cargo bench --bench paired                    # 15 rounds
 //! KEYRATE_PAIRED_ROUNDS=31 cargo bench --bench paired
 //! KEYRATE_PAIRED_ONLY=hammered cargo bench --bench paired  # scenarios whose name holds it
+//! KEYRATE_PAIRED_ONLY=churn cargo bench --bench paired     # new keys only
 //! ```
 
 #[allow(dead_code)]
@@ -24,6 +25,8 @@ use std::time::{Duration, Instant};
 
 /// Calls per thread in one slice.
 const SLICE: u64 = 200_000;
+/// Keys per slice in the churn scenario (the criterion bench's round).
+const CHURN: usize = 100_000;
 /// Caller time between two calls of one thread.
 const STEP_NS: u64 = 1_000;
 
@@ -34,9 +37,23 @@ enum Pick {
     Spread(usize),
     /// Keys `0..k` in turn.
     Rotate(usize),
+    /// Every call a key the limiter has never seen: `n` keys per slice,
+    /// split between the threads, on a limiter made for the slice.
+    Fresh(usize),
 }
 
-/// Runs `SLICE` calls on each of `threads` threads from caller time `base`;
+impl Pick {
+    /// Calls per thread in one slice.
+    fn calls(self, threads: usize) -> u64 {
+        match self {
+            Pick::Fresh(n) => (n / threads) as u64,
+            _ => SLICE,
+        }
+    }
+}
+
+/// Runs a slice's calls (see [`Pick::calls`]) on each of `threads`
+/// threads from caller time `base`;
 /// returns the wall time from the first start to the last end.
 fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> Duration {
     let arrived = AtomicUsize::new(0);
@@ -53,13 +70,14 @@ fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> D
                     }
                     let start = Instant::now();
                     let mut ns = base;
-                    for i in 0..SLICE {
+                    for i in 0..pick.calls(threads) {
                         let key = match pick {
                             Pick::Spread(n) => {
                                 state = mix(state);
                                 (((state >> 32) * n as u64) >> 32) as usize
                             }
                             Pick::Rotate(k) => (thread + i as usize) % k,
+                            Pick::Fresh(n) => thread * (n / threads) + i as usize,
                         };
                         std::hint::black_box(limiter.call(&local, key, ns, ns as f64 * 1e-9, 1));
                         ns += STEP_NS;
@@ -97,6 +115,19 @@ impl<C: Competitor> Slice for C {
     }
 }
 
+/// The competitors, governor first (the ratios' denominator) and keyrate
+/// as users get it second.
+fn build(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
+    vec![
+        Box::new(Governor::new(spec, table.clone())),
+        Box::new(Keyrate::new(spec, table.clone())),
+        Box::new(Keyrate::without_hot_key_cache(spec, table.clone())),
+        Box::new(Keyrate::without_stats(spec, table.clone())),
+        Box::new(KeyrateUnder::new(spec, table.clone())),
+        Box::new(DashWord::new(spec, table.clone())),
+    ]
+}
+
 fn median(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     (
@@ -122,6 +153,12 @@ fn main() {
                 Pick::Rotate(k),
             )
         }))
+        .chain([(
+            format!("churn, {CHURN} new keys a slice"),
+            Spec::ADMIT,
+            CHURN,
+            Pick::Fresh(CHURN),
+        )])
         .filter(|(name, ..)| {
             std::env::var("KEYRATE_PAIRED_ONLY").map_or(true, |only| name.contains(&only))
         })
@@ -142,16 +179,11 @@ fn main() {
     let mut promotions = Vec::new();
     for (name, spec, keys, pick) in scenarios {
         let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
-        let competitors: Vec<Box<dyn Slice>> = vec![
-            Box::new(Governor::new(spec, table.clone())),
-            Box::new(Keyrate::new(spec, table.clone())),
-            Box::new(Keyrate::without_hot_key_cache(spec, table.clone())),
-            Box::new(Keyrate::without_stats(spec, table.clone())),
-            Box::new(KeyrateUnder::new(spec, table.clone())),
-            Box::new(DashWord::new(spec, table.clone())),
-        ];
-        for competitor in &competitors {
-            competitor.warm(keys);
+        let competitors = build(spec, &table);
+        if !matches!(pick, Pick::Fresh(_)) {
+            for competitor in &competitors {
+                competitor.warm(keys);
+            }
         }
         let promoted_before = competitors[1].promotions().unwrap_or(0);
         let mut timed_calls = 0;
@@ -162,9 +194,13 @@ fn main() {
                 for turn in 0..competitors.len() {
                     let which = (round + turn) % competitors.len();
                     let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
-                    times[which] = competitors[which].slice(threads, pick, base);
+                    times[which] = match pick {
+                        // A new limiter, made and dropped outside the timing.
+                        Pick::Fresh(_) => build(spec, &table)[which].slice(threads, pick, base),
+                        _ => competitors[which].slice(threads, pick, base),
+                    };
                 }
-                timed_calls += SLICE * threads as u64;
+                timed_calls += pick.calls(threads) * threads as u64;
                 for (which, time) in times.iter().enumerate() {
                     ratios[which].push(times[0].as_secs_f64() / time.as_secs_f64());
                 }

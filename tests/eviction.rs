@@ -35,9 +35,9 @@ fn a_flood_of_new_keys_stays_bounded_and_changes_nothing() {
     }
     // Keys touched within one refill time (0.5 s / 10 us = 50,000) plus the
     // legitimate ones; an automatic sweep runs at the latest when the
-    // creations since the last one reach what it left (at least 1024).
+    // creations since the last one reach what it left (at least 8192).
     let active = (500_000_000 / STEP_NS) as usize + legit.len();
-    let bound = 2 * active.max(1024);
+    let bound = 2 * active.max(8192);
     assert!(max_held <= bound, "held {max_held} buckets, bound {bound}");
     // A flood key spent 1 token, so it is not full for 0.1 s: at least the
     // last 10,000 flood keys were held at some point.

@@ -163,11 +163,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// timestamp (as [`sweep`](Self::sweep) does for the whole map). A pass
     /// visits every shard in turn, slice by slice, and is spread over as
     /// many calls that tried to create a bucket as the previous pass left
-    /// buckets (at least 1024), so the cost per created bucket is amortised
+    /// buckets (at least 8192), so the cost per created bucket is amortised
     /// O(1) (one bucket visited per creation, on average), no call pays for
     /// more than one slice, whatever the size of the map, and the buckets
     /// held stay below about twice the keys active within the last
-    /// [`refill_time`](Quota::refill_time) (or 2048).
+    /// [`refill_time`](Quota::refill_time) (or 16,384).
     ///
     /// # Examples
     ///
