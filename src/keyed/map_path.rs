@@ -106,15 +106,26 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             ..
         } = *call;
         match bucket.spend_locked(now, cost, quota) {
-            // The bucket moved to a handle's `Arc` (lock order: this
-            // shard, then `moved`). A `MOVED` word always has its
-            // `moved` entry: both change under this shard's write lock.
-            Err(SpendError::Moved) => self
-                .moved
-                .read(key, |moved| moved.bucket.spend(now, cost, quota))
-                .unwrap_or(Err(SpendError::Retired)),
+            Err(SpendError::Moved) => self.spend_moved(key, now, cost, quota),
             other => other,
         }
+    }
+
+    /// Spends from the moved bucket of `key`, whose entry says `MOVED`,
+    /// under that entry's shard lock (lock order: this shard, then
+    /// `moved`). A `MOVED` word always has its `moved` entry: both change
+    /// under this shard's write lock. Out of line: the map path's body
+    /// then stays small enough to inline where it is called twice.
+    #[cold]
+    #[inline(never)]
+    fn spend_moved<Q>(&self, key: &Q, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.moved
+            .read(key, |moved| moved.bucket.spend(now, cost, quota))
+            .unwrap_or(Err(SpendError::Retired))
     }
 
     /// Spends from the key's bucket where its entry says it is (see
