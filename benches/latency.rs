@@ -69,7 +69,8 @@ impl Limiter for TokenBucketLimiter {
         let stats = self.stats();
         let steps = stats.sweeps.max(1);
         Some(format!(
-            "keyrate: {} sweep steps, {:.1} µs each on average, {} buckets evicted",
+            "keyrate ({:?} store): {} sweep steps, {:.1} µs each on average, {} buckets evicted",
+            self.store(),
             stats.sweeps,
             stats.sweep_time.as_secs_f64() * 1e6 / steps as f64,
             stats.buckets_evicted,
@@ -176,8 +177,12 @@ fn main() {
     println!("| limiter | calls | p50 | p99 | p99.9 | p99.99 | max | buckets at end |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let quota = governor::Quota::per_second(NonZeroU32::new(1).unwrap());
-    let competitors: [(&str, Arc<dyn Limiter>); 2] = [
+    let competitors: [(&str, Arc<dyn Limiter>); 3] = [
         ("keyrate `allow`", Arc::new(TokenBucketLimiter::new(1.0, 1))),
+        (
+            "keyrate `allow` over DashMap",
+            Arc::new(TokenBucketLimiter::new(1.0, 1).with_store(keyrate::Store::DashMap)),
+        ),
         (
             "governor keyed + `retain_recent` each second",
             Arc::new(GovernorKeyed(governor::RateLimiter::keyed(quota))),

@@ -125,6 +125,7 @@ fn build(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
         Box::new(Keyrate::without_stats(spec, table.clone())),
         Box::new(KeyrateUnder::new(spec, table.clone())),
         Box::new(DashWord::new(spec, table.clone())),
+        Box::new(Keyrate::over_dashmap(spec, table.clone())),
     ]
 }
 
@@ -170,9 +171,9 @@ fn main() {
     println!();
     println!(
         "| scenario | threads | keyrate | keyrate, no cache | keyrate, no stats | \
-         keyrate, quota per call | dashmap_word |"
+         keyrate, quota per call | dashmap_word | keyrate over DashMap |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     // Caller time handed out so far: every slice takes a fresh stretch.
     let sim = AtomicU64::new(1_000_000_000);
     // keyrate's hot-key promotions per million timed calls, by scenario.

@@ -83,4 +83,5 @@ pub use crate::redis::{
     BlockingRedisLimiter, FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError,
     DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
 };
+pub use crate::store::Store;
 pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};

@@ -105,6 +105,15 @@ impl Keyrate {
 }
 
 impl Keyrate {
+    /// As users get it, over a `DashMap` (`with_store(Store::DashMap)`).
+    pub fn over_dashmap(spec: Spec, keys: Arc<[String]>) -> Self {
+        let keyrate = Self::new(spec, keys);
+        Keyrate {
+            limiter: keyrate.limiter.with_store(keyrate::Store::DashMap),
+            keys: keyrate.keys,
+        }
+    }
+
     /// As users get it, with the counters and offender sketches off
     /// (`with_stats(false)`): what observing the calls costs.
     pub fn without_stats(spec: Spec, keys: Arc<[String]>) -> Self {

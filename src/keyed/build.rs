@@ -4,7 +4,7 @@ use super::{observe, DefaultHasher, LiveQuota, Occupancy, TokenBucketLimiter};
 use crate::error::ConfigError;
 use crate::gcra::Quota;
 use crate::hot::HotKeys;
-use crate::store::{Map, FEW_SHARDS, SHARDS};
+use crate::store::{Map, Store, FEW_SHARDS, SHARDS};
 use crate::sync::AtomicUsize;
 use crate::time::{Clock, MonotonicClock};
 use crossbeam_utils::CachePadded;
@@ -97,12 +97,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn with_quota_and_hasher(quota: Quota, hasher: S) -> Self {
-        let buckets = Map::with_hasher(hasher.clone(), SHARDS);
+        let buckets = Map::new(Store::default(), hasher.clone(), SHARDS);
         TokenBucketLimiter {
             quota: std::sync::Arc::new(LiveQuota::new(quota)),
             occupancy: Occupancy::new(buckets.shard_count()),
             buckets,
-            moved: Map::with_hasher(hasher.clone(), FEW_SHARDS),
+            moved: Map::new(Store::default(), hasher.clone(), FEW_SHARDS),
             hot: HotKeys::new(),
             clock: std::sync::Arc::new(MonotonicClock::new()),
             observer: observe::new_observer(true, false, None, hasher),
@@ -153,6 +153,34 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.occupancy.max_buckets = max_buckets;
         // Buckets made before the cap count toward it.
         self.occupancy.held = CachePadded::new(AtomicUsize::new(self.buckets.len()));
+        self
+    }
+
+    /// Chooses the map that holds the buckets (see [`Store`]): keyrate's
+    /// own sharded tables (the default), or a `DashMap`. Decisions are the
+    /// same; only speed and the slowest call's latency differ. Call it
+    /// when making the limiter: it starts with an empty map.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Store, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 2).with_store(Store::DashMap);
+    /// assert!(limiter.allow("k", 0.0));
+    /// assert!(limiter.allow("k", 0.0));
+    /// assert!(!limiter.allow("k", 0.0));
+    /// assert_eq!(limiter.sweep(2.0), 1);
+    /// ```
+    #[must_use]
+    pub fn with_store(mut self, store: Store) -> Self {
+        let hasher = self.observer.hasher().clone();
+        self.buckets = Map::new(store, hasher.clone(), SHARDS);
+        self.moved = Map::new(store, hasher, FEW_SHARDS);
+        let (max_buckets, auto_sweep) = (self.occupancy.max_buckets, self.occupancy.auto_sweep);
+        self.occupancy = Occupancy::new(self.buckets.shard_count());
+        self.occupancy.max_buckets = max_buckets;
+        self.occupancy.auto_sweep = auto_sweep;
         self
     }
 
@@ -235,6 +263,20 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn quota(&self) -> Quota {
         self.quota.load()
+    }
+
+    /// The map that holds the buckets (see [`with_store`](Self::with_store)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Store, TokenBucketLimiter};
+    ///
+    /// assert_eq!(TokenBucketLimiter::new(1.0, 1).store(), Store::Sharded);
+    /// ```
+    #[must_use]
+    pub fn store(&self) -> Store {
+        self.buckets.store()
     }
 
     /// The number of buckets held.

@@ -1,27 +1,30 @@
 //! The keyed store: a concurrent map from keys to values, used only through
-//! the handful of operations below.
+//! the handful of operations below, over one of two stores ([`Store`]):
+//! the default, [`sharded`] (256 hashbrown tables of our own, swept a slice
+//! at a time and grown a few entries per write), or [`dash`] (a
+//! `DashMap`). Each method takes `hash`, the key's hash computed once per
+//! call by [`Map::hash`], where the store can use it.
 //!
-//! The production map is [`SHARDS`] hashbrown tables, each behind its
-//! own read-write lock (the shape of a `DashMap`, whose shards cannot be
-//! reached one at a time without `unsafe`). A key's hash, computed once per
-//! call, picks its shard and then its slot. Owning the shards lets the
-//! automatic sweep visit a slice of one shard at a time
-//! ([`Map::retain_slice`]), and each shard's table grows a few entries per
-//! insertion rather than in one rehash (`table`), so no call stalls for a
-//! whole-map pass, a whole-shard pass or a whole-shard rehash.
-//!
-//! Under `cfg(loom)` the map is one `loom` read-write lock around a
-//! `HashMap`, standing in for a single shard: loom cannot see a
-//! `parking_lot` lock, and would report false races through it. The model
-//! assumes what this file guarantees: `read` runs under a shard read lock,
-//! and `update`, `write` and the `retain*` under the shard's write lock, so
-//! those never overlap any other access to the same key.
+//! Under `cfg(loom)` the map is [`model`]'s single `loom`-locked shard.
 
+#[cfg(not(loom))]
 use std::borrow::Borrow;
+#[cfg(not(loom))]
 use std::hash::{BuildHasher, Hash};
 
 #[cfg(not(loom))]
+mod dash;
+#[cfg(loom)]
+mod model;
+#[cfg(not(loom))]
+mod sharded;
+#[cfg(not(loom))]
 mod table;
+
+#[cfg(loom)]
+pub(crate) use model::{Map, FEW_SHARDS, SHARDS};
+#[cfg(not(loom))]
+pub(crate) use sharded::{FEW_SHARDS, SHARDS};
 
 /// Where the automatic sweep stopped in a shard: the next bucket, and the
 /// layout the index refers to (see `Map::retain_slice`).
@@ -31,50 +34,79 @@ pub(crate) struct Cursor {
     pub(crate) layout: u64,
 }
 
-/// Shards in the main map: a power of two. 256 spreads two threads' calls
-/// over enough locks that they rarely meet, for 22 KiB of locks and table
-/// headers (a sweep step and a table's growth are bounded per call
-/// whatever the shard's size). The
-/// shards are not padded to a cache line each (that would cost 32 KiB, 3
-/// bytes a key at 10,000 keys): two threads meet on one line only when
-/// they call neighbouring shards at once.
-#[cfg(not(loom))]
-pub(crate) const SHARDS: usize = 256;
+/// Which map holds a limiter's buckets (see
+/// [`TokenBucketLimiter::with_store`](crate::TokenBucketLimiter::with_store)).
+///
+/// Decisions are the same in both: the store only decides how fast calls
+/// are, and how long the slowest one takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Store {
+    /// keyrate's own: 256 shards, each a hashbrown table behind a
+    /// read-write lock. The automatic sweep visits 256 table buckets per
+    /// step, and a table that runs out of room is replaced by a bigger one
+    /// a few entries per write, so no call pays for a whole pass or a whole
+    /// rehash.
+    #[default]
+    Sharded,
+    /// A `DashMap` with the same number of shards. Its shards cannot be
+    /// visited a slice at a time without `unsafe` code, so a step of the
+    /// automatic sweep is a whole pass over the map, and a shard that runs
+    /// out of room rehashes all its entries in the growing call: expect
+    /// calls that stall for milliseconds at a million keys.
+    DashMap,
+}
 
-/// Shards in the side map of moved buckets (handles and hot keys): it
-/// stays small.
-#[cfg(not(loom))]
-pub(crate) const FEW_SHARDS: usize = 8;
-
-#[cfg(not(loom))]
-type Shard<K, V> = parking_lot::RwLock<table::Table<(K, V)>>;
-
+/// The map, over the store chosen when the limiter was made.
 #[cfg(not(loom))]
 pub(crate) struct Map<K, V, S> {
-    shards: Box<[Shard<K, V>]>,
-    /// `64 - log2(shards.len())`: the shift that leaves a shard index.
-    shift: u32,
+    /// The keys' hasher, a copy of the store's: a call hashes its key
+    /// here once, with no store to tell apart.
     hasher: S,
+    store: Stored<K, V, S>,
+}
+
+#[cfg(not(loom))]
+enum Stored<K, V, S> {
+    Sharded(sharded::Sharded<K, V, S>),
+    Dash(dash::Dash<K, V, S>),
 }
 
 #[cfg(not(loom))]
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    /// An empty map of `shards` shards (a power of two).
-    pub(crate) fn with_hasher(hasher: S, shards: usize) -> Self {
-        assert!(shards.is_power_of_two() && shards > 1);
-        Map {
-            shards: (0..shards).map(|_| Shard::default()).collect(),
-            shift: 64 - shards.trailing_zeros(),
-            hasher,
+    /// An empty map of `shards` shards (a power of two above 1).
+    pub(crate) fn new(store: Store, hasher: S, shards: usize) -> Self {
+        let store = match store {
+            Store::Sharded => {
+                Stored::Sharded(sharded::Sharded::with_hasher(hasher.clone(), shards))
+            }
+            Store::DashMap => Stored::Dash(dash::Dash::with_hasher(hasher.clone(), shards)),
+        };
+        Map { hasher, store }
+    }
+
+    /// Which store this is.
+    pub(crate) fn store(&self) -> Store {
+        match &self.store {
+            Stored::Sharded(_) => Store::Sharded,
+            Stored::Dash(_) => Store::DashMap,
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.shards.iter().map(|shard| shard.read().len()).sum()
+        match &self.store {
+            Stored::Sharded(map) => map.len(),
+            Stored::Dash(map) => map.len(),
+        }
     }
 
+    /// The shards the sweep visits in turn (see
+    /// [`retain_slice`](Self::retain_slice)): a `DashMap` counts as one.
     pub(crate) fn shard_count(&self) -> usize {
-        self.shards.len()
+        match &self.store {
+            Stored::Sharded(map) => map.shard_count(),
+            Stored::Dash(_) => 1,
+        }
     }
 
     /// `key`'s hash: computed once per call by the caller, and handed to
@@ -84,21 +116,6 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         self.hasher.hash_one(key)
     }
 
-    /// `key`'s hash, and the shard it lives in.
-    #[inline]
-    fn locate<Q: Hash + ?Sized>(&self, key: &Q) -> (u64, &Shard<K, V>) {
-        let hash = self.hash(key);
-        (hash, self.shard(hash))
-    }
-
-    /// The shard of a key whose hash is `hash`.
-    #[inline]
-    fn shard(&self, hash: u64) -> &Shard<K, V> {
-        // The bits below hashbrown's 7-bit tag (the hash's top bits), so
-        // that the keys of one shard still spread over all tags.
-        &self.shards[((hash << 7) >> self.shift) as usize]
-    }
-
     /// Runs `f` on `key`'s value, if present, under the shard's read lock.
     #[inline]
     pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
@@ -106,33 +123,33 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, shard) = self.locate(key);
-        let shard = shard.read();
-        shard
-            .find(hash, |(k, _)| k.borrow() == key)
-            .map(|(_, value)| f(value))
+        match &self.store {
+            Stored::Sharded(map) => map.read(key, f),
+            Stored::Dash(map) => map.read(key, f),
+        }
     }
 
     /// Runs `f` on `key`'s value, if present, under the shard's write
     /// lock. `hash` is [`hash`](Self::hash)`(key)`.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn update<Q, R>(&self, hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut shard = self.shard(hash).write();
-        let result = shard
-            .find_mut(hash, |(k, _)| k.borrow() == key)
-            .map(|(_, value)| f(value));
-        shard.step(|(k, _)| self.hasher.hash_one(k));
-        result
+        match &self.store {
+            Stored::Sharded(map) => map.update(hash, key, f),
+            Stored::Dash(map) => map.update(key, f),
+        }
     }
 
     /// Runs `f` on `key`'s value under the shard's write lock, as
     /// [`update`](Self::update) does; if the key is absent, inserts
-    /// `init()` first, unless `init` declines (`None`). One lock and one
-    /// lookup either way. `hash` is [`hash`](Self::hash)`(key)`.
+    /// `init()` first, unless `init` declines (`None`). `hash` is
+    /// [`hash`](Self::hash)`(key)`. A `DashMap` only updates (`None` when
+    /// the key is absent: the caller then creates it with
+    /// [`try_write`](Self::try_write)), so that `init` is never handed
+    /// to a call the fast path cannot inline.
     #[inline(always)]
     pub(crate) fn update_or_insert<Q, R>(
         &self,
@@ -145,16 +162,10 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut shard = self.shard(hash).write();
-        let rehash = |(k, _): &(K, V)| self.hasher.hash_one(k);
-        if let Some((_, value)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
-            let result = f(value);
-            shard.step(rehash);
-            return Some(result);
+        match &self.store {
+            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init),
+            Stored::Dash(map) => map.update(key, f),
         }
-        let value = init()?;
-        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
-        Some(f(value))
     }
 
     /// Runs `f` on `key`'s value under the shard's write lock, inserting
@@ -188,61 +199,35 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut shard = self.shard(hash).write();
-        let rehash = |(k, _): &(K, V)| self.hasher.hash_one(k);
-        if let Some((_, value)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
-            return Some(f(value));
+        match &self.store {
+            Stored::Sharded(map) => map.try_write(hash, key, init, f),
+            Stored::Dash(map) => map.try_write(key, init, f),
         }
-        let value = init()?;
-        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
-        Some(f(value))
     }
 
     /// Keeps the entries for which `keep` returns true, each shard under
     /// its write lock in turn.
-    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
-        for index in 0..self.shards.len() {
-            self.retain_shard(index, &mut keep);
+    pub(crate) fn retain(&self, keep: impl FnMut(&K, &V) -> bool) {
+        match &self.store {
+            Stored::Sharded(map) => map.retain(keep),
+            Stored::Dash(map) => map.retain(keep),
         }
     }
 
-    /// [`retain`](Self::retain) over shard `index` alone (below
-    /// [`shard_count`](Self::shard_count)), under its write lock; returns
-    /// the entries it then holds.
-    pub(crate) fn retain_shard(&self, index: usize, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
-        let mut shard = self.shards[index].write();
-        shard.retain(|(key, value)| keep(key, value));
-        shard.len()
-    }
-
     /// One slice of the automatic sweep: [`retain`](Self::retain) over up
-    /// to `len` buckets of shard `index`, from bucket `at.from` if the
-    /// shard's layout is still `at.layout` (else from its start), under
-    /// the shard's write lock. Returns where the next slice of this shard
-    /// starts, or, when this slice finished the shard, the entries it then
-    /// holds.
+    /// to `len` buckets of shard `index` from `at` (a `DashMap`: over the
+    /// whole map). Returns where the next slice of this shard starts, or,
+    /// when this slice finished the shard, the entries it then holds.
     pub(crate) fn retain_slice(
         &self,
         index: usize,
         at: Cursor,
         len: usize,
-        mut keep: impl FnMut(&K, &V) -> bool,
+        keep: impl FnMut(&K, &V) -> bool,
     ) -> Result<Cursor, usize> {
-        let mut shard = self.shards[index].write();
-        let from = if shard.layout() == at.layout {
-            at.from
-        } else {
-            0
-        };
-        let to = from.saturating_add(len).min(shard.buckets());
-        shard.retain_range(from..to, |(key, value)| keep(key, value));
-        if to < shard.buckets() {
-            Ok(Cursor {
-                from: to,
-                layout: shard.layout(),
-            })
-        } else {
-            Err(shard.len())
+        match &self.store {
+            Stored::Sharded(map) => map.retain_slice(index, at, len, keep),
+            Stored::Dash(map) => map.retain_slice(keep),
         }
     }
 
@@ -253,164 +238,16 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let (hash, shard) = self.locate(key);
-        shard
-            .write()
-            .remove_if(hash, |(k, _)| k.borrow() == key, |(_, value)| remove(value))
+        match &self.store {
+            Stored::Sharded(map) => map.remove_if(key, remove),
+            Stored::Dash(map) => map.remove_if(key, remove),
+        }
     }
 
     pub(crate) fn shrink_to_fit(&self) {
-        for shard in self.shards.iter() {
-            shard
-                .write()
-                .shrink_to_fit(|(k, _)| self.hasher.hash_one(k));
+        match &self.store {
+            Stored::Sharded(map) => map.shrink_to_fit(),
+            Stored::Dash(map) => map.shrink_to_fit(),
         }
-    }
-}
-
-#[cfg(loom)]
-pub(crate) const SHARDS: usize = 1;
-#[cfg(loom)]
-pub(crate) const FEW_SHARDS: usize = 1;
-
-/// The loom map's hasher: fixed keys, so that a sweep visits the entries
-/// in the same order in every execution (loom replays each schedule and
-/// requires the same operations in the same order; a randomly seeded
-/// hasher would reorder the sweep's retirements between runs).
-#[cfg(loom)]
-type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
-
-#[cfg(loom)]
-pub(crate) struct Map<K, V, S> {
-    inner: loom::sync::RwLock<std::collections::HashMap<K, V, FixedHasher>>,
-    _hasher: std::marker::PhantomData<S>,
-}
-
-#[cfg(loom)]
-impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
-    pub(crate) fn with_hasher(_hasher: S, _shards: usize) -> Self {
-        Map {
-            inner: loom::sync::RwLock::new(std::collections::HashMap::default()),
-            _hasher: std::marker::PhantomData,
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.inner.read().unwrap().len()
-    }
-
-    pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.inner.read().unwrap().get(key).map(f)
-    }
-
-    /// One shard: no hash is needed to find it.
-    pub(crate) fn hash<Q: Hash + ?Sized>(&self, _key: &Q) -> u64 {
-        0
-    }
-
-    pub(crate) fn update<Q, R>(&self, _hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.inner.write().unwrap().get_mut(key).map(f)
-    }
-
-    pub(crate) fn update_or_insert<Q, R>(
-        &self,
-        hash: u64,
-        key: &Q,
-        f: impl FnOnce(&mut V) -> R,
-        init: impl FnOnce() -> Option<V>,
-    ) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.try_write(hash, key, init, f)
-    }
-
-    pub(crate) fn write<Q, R>(
-        &self,
-        key: &Q,
-        init: impl FnOnce() -> V,
-        f: impl FnOnce(&mut V) -> R,
-    ) -> R
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let mut map = self.inner.write().unwrap();
-        f(map.entry(key.to_owned()).or_insert_with(init))
-    }
-
-    pub(crate) fn try_write<Q, R>(
-        &self,
-        _hash: u64,
-        key: &Q,
-        init: impl FnOnce() -> Option<V>,
-        f: impl FnOnce(&mut V) -> R,
-    ) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        use std::collections::hash_map::Entry;
-        let mut map = self.inner.write().unwrap();
-        match map.entry(key.to_owned()) {
-            Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
-            Entry::Vacant(entry) => Some(f(entry.insert(init()?))),
-        }
-    }
-
-    pub(crate) fn retain(&self, keep: impl FnMut(&K, &V) -> bool) {
-        self.retain_shard(0, keep);
-    }
-
-    /// One shard: the whole map.
-    pub(crate) fn shard_count(&self) -> usize {
-        1
-    }
-
-    pub(crate) fn retain_shard(
-        &self,
-        _index: usize,
-        mut keep: impl FnMut(&K, &V) -> bool,
-    ) -> usize {
-        let mut map = self.inner.write().unwrap();
-        map.retain(|key, value| keep(key, value));
-        map.len()
-    }
-
-    /// The whole map in one slice.
-    pub(crate) fn retain_slice(
-        &self,
-        index: usize,
-        _at: Cursor,
-        _len: usize,
-        keep: impl FnMut(&K, &V) -> bool,
-    ) -> Result<Cursor, usize> {
-        Err(self.retain_shard(index, keep))
-    }
-
-    pub(crate) fn remove_if<Q>(&self, key: &Q, remove: impl FnOnce(&V) -> bool) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let mut map = self.inner.write().unwrap();
-        if map.get(key).is_some_and(remove) {
-            map.remove(key);
-            return true;
-        }
-        false
-    }
-
-    pub(crate) fn shrink_to_fit(&self) {
-        self.inner.write().unwrap().shrink_to_fit();
     }
 }
