@@ -200,7 +200,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         match &self.store {
-            Stored::Sharded(map) => map.try_write(hash, key, init, f),
+            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init),
             Stored::Dash(map) => map.try_write(key, init, f),
         }
     }

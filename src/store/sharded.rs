@@ -83,7 +83,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
     }
 
     /// Runs `f` on `key`'s value, if present, under the shard's write
-    /// lock. `hash` is [`hash`](Self::hash)`(key)`.
+    /// lock. `hash` is the key's (`Map::hash`).
     #[inline(always)]
     pub(crate) fn update<Q, R>(&self, hash: u64, key: &Q, f: impl FnOnce(&mut V) -> R) -> Option<R>
     where
@@ -101,7 +101,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
     /// Runs `f` on `key`'s value under the shard's write lock, as
     /// [`update`](Self::update) does; if the key is absent, inserts
     /// `init()` first, unless `init` declines (`None`). One lock and one
-    /// lookup either way. `hash` is [`hash`](Self::hash)`(key)`.
+    /// lookup either way. `hash` is the key's (`Map::hash`).
     #[inline(always)]
     pub(crate) fn update_or_insert<Q, R>(
         &self,
@@ -120,31 +120,6 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
             let result = f(value);
             shard.step(rehash);
             return Some(result);
-        }
-        let value = init()?;
-        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
-        Some(f(value))
-    }
-
-    /// Like `Map::write`, but `init` may decline to insert
-    /// (returning `None`), in which case nothing is inserted and `None` is
-    /// returned. `init` runs under the shard's write lock, only if the key
-    /// is absent. `hash` is [`hash`](Self::hash)`(key)`.
-    pub(crate) fn try_write<Q, R>(
-        &self,
-        hash: u64,
-        key: &Q,
-        init: impl FnOnce() -> Option<V>,
-        f: impl FnOnce(&mut V) -> R,
-    ) -> Option<R>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let mut shard = self.shard(hash).write();
-        let rehash = |(k, _): &(K, V)| self.hasher.hash_one(k);
-        if let Some((_, value)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
-            return Some(f(value));
         }
         let value = init()?;
         let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
