@@ -15,9 +15,10 @@
 //! shared, and an admission writes only the bucket's own word.
 //!
 //! Both the cache and the votes are indexed by the key's hash, which the
-//! call computes once for the map anyway: a probe compares the hashes of
-//! one set (one cache line), and a vote touches one set of four counters,
-//! however many keys are cached. The cache holds 32 sets of 8 buckets per
+//! call computes once for the map anyway: a probe reads one word of tag
+//! bytes for its set (every set's tags fit in four cache lines) and
+//! compares a full hash and key only where a tag matches, and a vote
+//! touches one set of four counters, however many keys are cached. The cache holds 32 sets of 8 buckets per
 //! thread, so an abuser rotating over dozens of keys is served from it;
 //! each vote set is a small Misra-Gries summary (a key gains votes while it
 //! makes up more than a fifth of its set's lookups), so random traffic
