@@ -235,6 +235,10 @@ mod imp {
             self.on = on;
         }
 
+        pub(crate) fn is_on(&self) -> bool {
+            self.on
+        }
+
         /// Runs `f` on this thread's cached bucket for `key` (whose hash is
         /// `hash`), if it has one; otherwise counts the lookup that follows
         /// as a vote for `key`. `f` returns `None` when the bucket has been
@@ -399,6 +403,10 @@ mod off {
         }
 
         pub(crate) fn set_on(&mut self, _: bool) {}
+
+        pub(crate) fn is_on(&self) -> bool {
+            false
+        }
 
         // Same signature as the real cache's, so that callers compile
         // unchanged.

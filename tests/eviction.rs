@@ -44,6 +44,34 @@ fn a_flood_of_new_keys_stays_bounded_and_changes_nothing() {
     assert!(max_held >= 10_000, "held only {max_held}");
 }
 
+/// Threads that each create only a few buckets (a thread per connection)
+/// still drive the automatic sweep: every creation counts, on average,
+/// whichever thread makes it.
+#[test]
+fn short_lived_threads_creating_a_few_keys_each_still_sweep() {
+    const THREADS: u64 = 3000;
+    const PER_THREAD: u64 = 10;
+    // Refill time 1 ms, one new key per ms of timeline: at most a couple
+    // of keys are active at any time.
+    let limiter = TokenBucketLimiter::new(1000.0, 1);
+    let mut max_held = 0;
+    for thread in 0..THREADS {
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for i in 0..PER_THREAD {
+                    let n = thread * PER_THREAD + i;
+                    assert!(limiter.allow(api_key(n).as_str(), n as f64 * 1e-3));
+                }
+            });
+        });
+        max_held = max_held.max(limiter.len());
+    }
+    // Twice the 8192 creations a pass is spread over at least, and far
+    // below the 30,000 keys created.
+    assert!(max_held <= 2 * 8192 + 1024, "held {max_held} buckets");
+    assert!(limiter.stats().sweeps > 0);
+}
+
 #[test]
 fn without_auto_sweep_nothing_is_evicted() {
     let limiter = TokenBucketLimiter::new(10.0, 5).with_auto_sweep(false);

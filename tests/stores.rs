@@ -113,3 +113,20 @@ fn the_cap_refuses_new_keys_only() {
         assert_eq!(capped.len(), 10, "{store:?}");
     }
 }
+
+#[test]
+fn changing_the_store_starts_afresh_even_for_cached_keys() {
+    let limiter = TokenBucketLimiter::new(1.0, 3);
+    // Hammered on this thread: promoted into its hot-key cache, and empty.
+    let admitted = (0..500).filter(|_| limiter.allow("k", 0.0)).count();
+    assert_eq!(admitted, 3);
+    assert!(limiter.stats().hot_key_promotions >= 1);
+    for store in [Store::DashMap, Store::Sharded] {
+        let limiter = TokenBucketLimiter::new(1.0, 3);
+        assert_eq!((0..500).filter(|_| limiter.allow("k", 0.0)).count(), 3);
+        let limiter = limiter.with_store(store);
+        // The new map has no bucket for "k": a full one, not the cached one.
+        let admitted = (0..500).filter(|_| limiter.allow("k", 0.0)).count();
+        assert_eq!(admitted, 3, "{store:?}");
+    }
+}

@@ -159,7 +159,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Chooses the map that holds the buckets (see [`Store`]): keyrate's
     /// own sharded tables (the default), or a `DashMap`. Decisions are the
     /// same; only speed and the slowest call's latency differ. Call it
-    /// when making the limiter: it starts with an empty map.
+    /// when making the limiter: it starts afresh, with an empty map, and
+    /// handles made before it no longer share their keys' buckets.
     ///
     /// # Examples
     ///
@@ -175,6 +176,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     #[must_use]
     pub fn with_store(mut self, store: Store) -> Self {
         let hasher = self.observer.hasher().clone();
+        // A new identity in the hot-key caches too: a thread's cached
+        // bucket of the old map must not serve the new one.
+        let mut hot = HotKeys::new();
+        hot.set_on(self.hot.is_on());
+        self.hot = hot;
         self.buckets = Map::new(store, hasher.clone(), SHARDS);
         self.moved = Map::new(store, hasher, FEW_SHARDS);
         let (max_buckets, auto_sweep) = (self.occupancy.max_buckets, self.occupancy.auto_sweep);
@@ -190,12 +196,15 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// the map's 256 shards (256 table buckets) at the creating call's
     /// timestamp (as [`sweep`](Self::sweep) does for the whole map). A pass
     /// visits every shard in turn, slice by slice, and is spread over as
-    /// many calls that tried to create a bucket as the previous pass left
-    /// buckets (at least 8192), so the cost per created bucket is amortised
-    /// O(1) (one bucket visited per creation, on average), no call pays for
-    /// more than one slice, whatever the size of the map, and the buckets
-    /// held stay below about twice the keys active within the last
-    /// [`refill_time`](Quota::refill_time) (or 16,384).
+    /// many bucket creations (counted by a random sample once steps are
+    /// far apart) as the previous pass left buckets (at least 8192), so the
+    /// cost per created bucket is amortised O(1) (one bucket visited per
+    /// creation, on average), no call pays for more than one slice,
+    /// whatever the size of the map, and the buckets held stay below about
+    /// twice the keys active within the last
+    /// [`refill_time`](Quota::refill_time) (or 16,384). Over
+    /// [`Store::DashMap`] a step is a whole pass: the same bound and
+    /// amortised cost, but one creation in a pass's worth pays for it.
     ///
     /// # Examples
     ///

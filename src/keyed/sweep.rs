@@ -125,7 +125,8 @@ pub(super) struct Occupancy {
     /// by `max_buckets`. Kept only when there is a cap, so that without one
     /// creating a bucket writes one shared counter (`pressure`), not two.
     pub(super) held: CachePadded<AtomicUsize>,
-    /// Calls that tried to create a bucket since the last sweep step.
+    /// Creations (and, at the cap, attempts) since the last sweep step,
+    /// counted by sample where steps are far apart (see `step_due`).
     pressure: CachePadded<AtomicUsize>,
     /// The `pressure` at which the next sweep step is due: the last pass's
     /// length divided among the shards, at least 1.
@@ -178,23 +179,41 @@ const PRESSURE_ONE_IN: usize = 1;
 const PRESSURE_SAMPLED_FROM: usize = 32;
 
 /// True about one call in `n` (a power of two), at random: each thread
-/// draws from its own generator, which no key can steer.
+/// draws from its own sequence, which no key can steer, started at a seed
+/// of its own, so that threads that create only a few buckets each still
+/// count their share on average (a seed shared by every thread once left
+/// the first 33 draws of each thread all false: a server whose threads
+/// create a few buckets each never swept).
 #[cfg(not(loom))]
 fn one_in(n: usize) -> bool {
     use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    /// Where each new thread's sequence starts: one Weyl step apart.
+    static SEEDS: AtomicU64 = AtomicU64::new(0);
     thread_local! {
-        static DICE: Cell<u64> = const { Cell::new(0x853c_49e6_748f_ea9b) };
+        /// The thread's position in its sequence; 0 until its first draw.
+        static DICE: Cell<u64> = const { Cell::new(0) };
     }
+    const WEYL: u64 = 0x9e37_79b9_7f4a_7c15;
     DICE.try_with(|dice| {
-        let next = dice
-            .get()
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        dice.set(next);
-        // The top bits: an LCG's best.
-        (next >> 32) as usize % n == 0
+        let mut at = dice.get();
+        if at == 0 {
+            // Relaxed: only distinctness matters, and fetch_add gives it.
+            at = mix(SEEDS.fetch_add(WEYL, Relaxed));
+        }
+        at = at.wrapping_add(WEYL);
+        dice.set(at);
+        mix(at) as usize % n == 0
     })
     .unwrap_or(true)
+}
+
+/// A bijective 64-bit mix (splitmix64's finaliser).
+#[cfg(not(loom))]
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 #[cfg(loom)]
@@ -220,7 +239,7 @@ impl Occupancy {
     }
 
     /// Counts one attempt to create a bucket; true if this caller should
-    /// take a sweep step now (and then call `next_shard` and `stepped`).
+    /// take a sweep step now (and then call `position` and `stepped`).
     pub(super) fn step_due(&self) -> bool {
         if !self.auto_sweep {
             return false;
