@@ -83,7 +83,7 @@ impl Bucket {
     ///
     /// A denial returns after one load and writes nothing, so a key that is
     /// hammered while empty keeps its cache line shared between cores.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
         // Relaxed: the decision depends on this word alone, and no other
         // memory is published through it. The compare-exchange below checks
