@@ -56,6 +56,7 @@ pub(crate) enum Probe<R> {
 mod imp {
     use super::Probe;
     use crate::bucket::Bucket;
+    use crate::dice::Dice;
     use crate::sync::unmodeled::{AtomicU64, Relaxed};
     use crate::sync::Arc;
     use crossbeam_utils::CachePadded;
@@ -134,9 +135,8 @@ mod imp {
 
     /// One thread's cache and its vote counters.
     struct Cache {
-        /// A linear congruential generator's state: its top bits pick the
-        /// misses that vote (see [`VOTE_ONE_IN`]).
-        dice: u64,
+        /// Picks the misses that vote (see [`VOTE_ONE_IN`]).
+        dice: Dice,
         /// Each set's ways' tags (see [`tag_of`]), a byte a way, so that a
         /// probe that finds nothing reads one word: all the sets' tags
         /// fit in four cache lines, which random traffic keeps warm. A
@@ -156,7 +156,7 @@ mod imp {
         /// line with it: its entries' hit counts are written on every hit.
         fn new() -> Box<CachePadded<Self>> {
             Box::new(CachePadded::new(Cache {
-                dice: 0,
+                dice: Dice::new(),
                 tags: [0; SETS],
                 sets: None,
                 votes: [[(0, 0); VOTE_WAYS]; VOTE_SETS],
@@ -301,11 +301,7 @@ mod imp {
                             break;
                         }
                     }
-                    cache.dice = cache
-                        .dice
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1_442_695_040_888_963_407);
-                    let votes = cache.dice >> 32 < (1 << 32) / VOTE_ONE_IN;
+                    let votes = cache.dice.one_in(VOTE_ONE_IN);
                     Probe::Miss {
                         promote: votes && cache.vote(vote_of(self.id, hash)),
                     }

@@ -50,6 +50,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod bucket;
+#[cfg(not(loom))]
+mod dice;
 mod error;
 mod gcra;
 mod hot;

@@ -68,10 +68,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             key,
             |bucket| self.spend_in(bucket, &call),
             || {
-                let occupancy = &self.occupancy;
+                // A call that would change nothing on a full bucket (cost
+                // 0) or be denied even there creates none here (the slow
+                // path answers it).
                 let spends = matches!(gcra::decide(0, now, cost, quota), Ok(word) if word != 0);
-                created = spends && occupancy.reserve();
-                created.then(|| self.observer.created())
+                let bucket = if spends { self.new_bucket() } else { None };
+                created = bucket.is_some();
+                bucket
             },
         );
         let decided = match spent {
@@ -172,6 +175,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
+    /// A new bucket, counted, with its place under the cap reserved;
+    /// `None` at the cap. Called under the shard's write lock, only for a
+    /// key that is absent.
+    #[inline]
+    fn new_bucket(&self) -> Option<Bucket> {
+        self.occupancy.reserve().then(|| self.observer.created())
+    }
+
     /// Creates the key's bucket (unless another thread just did) and
     /// spends from it.
     fn create<Q>(&self, call: &Call<'_, Q>) -> Result<u64, SpendError>
@@ -190,7 +201,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             call.hash,
             call.key,
-            || occupancy.reserve().then(|| self.observer.created()),
+            || self.new_bucket(),
             |bucket| bucket.spend_locked(call.now, call.cost, call.quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {

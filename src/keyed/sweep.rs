@@ -178,42 +178,24 @@ const PRESSURE_ONE_IN: usize = 1;
 /// count every creation, so that a small map's pace stays exact.
 const PRESSURE_SAMPLED_FROM: usize = 32;
 
-/// True about one call in `n` (a power of two), at random: each thread
-/// draws from its own sequence, which no key can steer, started at a seed
-/// of its own, so that threads that create only a few buckets each still
-/// count their share on average (a seed shared by every thread once left
-/// the first 33 draws of each thread all false: a server whose threads
-/// create a few buckets each never swept).
+/// True about one call in `n` (a power of two), at random, from the
+/// calling thread's own [`Dice`](crate::dice::Dice): no key can steer it,
+/// and threads that create only a few buckets each still count their share
+/// on average.
 #[cfg(not(loom))]
 fn one_in(n: usize) -> bool {
+    use crate::dice::Dice;
     use std::cell::Cell;
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    /// Where each new thread's sequence starts: one Weyl step apart.
-    static SEEDS: AtomicU64 = AtomicU64::new(0);
     thread_local! {
-        /// The thread's position in its sequence; 0 until its first draw.
-        static DICE: Cell<u64> = const { Cell::new(0) };
+        static DICE: Cell<Dice> = const { Cell::new(Dice::new()) };
     }
-    const WEYL: u64 = 0x9e37_79b9_7f4a_7c15;
     DICE.try_with(|dice| {
-        let mut at = dice.get();
-        if at == 0 {
-            // Relaxed: only distinctness matters, and fetch_add gives it.
-            at = mix(SEEDS.fetch_add(WEYL, Relaxed));
-        }
-        at = at.wrapping_add(WEYL);
-        dice.set(at);
-        mix(at) as usize % n == 0
+        let mut drawn = dice.get();
+        let hit = drawn.one_in(n as u64);
+        dice.set(drawn);
+        hit
     })
     .unwrap_or(true)
-}
-
-/// A bijective 64-bit mix (splitmix64's finaliser).
-#[cfg(not(loom))]
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[cfg(loom)]
