@@ -134,6 +134,11 @@ pub enum Denial {
         /// The configured maximum number of buckets.
         max_buckets: usize,
     },
+    /// The limiter could not decide, and refused rather than guess: a
+    /// backend that could not be reached under a fail-closed policy, or a
+    /// state the limiter's invariants rule out (reported, never
+    /// silently admitted).
+    Unavailable,
 }
 
 impl Denial {
@@ -146,7 +151,7 @@ impl Denial {
     /// use std::time::Duration;
     ///
     /// let limiter = TokenBucketLimiter::new(2.0, 1);
-    /// limiter.check("k", 0.0, 1).unwrap();
+    /// let _ = limiter.check("k", 0.0, 1).unwrap();
     /// let denial = limiter.check("k", 0.0, 1).unwrap_err();
     /// assert_eq!(denial.retry_after(), Some(Duration::from_millis(500)));
     /// ```
@@ -177,6 +182,9 @@ impl fmt::Display for Denial {
                 "limiter full: it holds its maximum of {max_buckets} buckets and none is \
                  idle, so a new key cannot be admitted"
             ),
+            Denial::Unavailable => {
+                f.write_str("the limiter could not decide this call and refused it")
+            }
         }
     }
 }

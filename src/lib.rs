@@ -58,6 +58,7 @@ mod hot;
 mod keyed;
 #[cfg(feature = "tower")]
 pub mod layer;
+mod limiter;
 mod live_quota;
 #[cfg(loom)]
 #[doc(hidden)]
@@ -70,11 +71,11 @@ mod redis;
 mod store;
 mod sync;
 mod time;
-mod wait;
 
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
-pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter, Under};
+pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
+pub use crate::limiter::{AsyncLimiter, Decision, Limiter, Refusal, Under};
 #[cfg(feature = "tower")]
 pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
 #[cfg(feature = "tower")]
@@ -82,8 +83,9 @@ pub use crate::observe::Responses;
 pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
-    BlockingRedisLimiter, FailurePolicy, RedisErrorKind, RedisLimiter, RedisLimiterError,
+    BlockingConnection, BlockingRedisLimiter, FailurePolicy, RedisDenial, RedisErrorKind,
+    RedisLimiter, RedisLimiterError,
     DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
-pub use crate::time::{Clock, ManualClock, MonotonicClock, MAX_TIMESTAMP_NANOS};
+pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

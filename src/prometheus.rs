@@ -195,10 +195,10 @@ impl Metrics {
     /// ```
     #[cfg(feature = "tower")]
     #[must_use]
-    pub fn layer<F, C, K, S, P>(
+    pub fn layer<L, F, K, C, P>(
         mut self,
         name: &str,
-        layer: &crate::layer::RateLimitLayer<F, C, K, S, P>,
+        layer: &crate::layer::RateLimitLayer<L, F, K, C, P>,
     ) -> Self {
         let counts = layer.response_counts();
         let read = move || {

@@ -70,9 +70,88 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
 }
 
-/// A source of "now" for the limiter methods that take no timestamp
-/// ([`TokenBucketLimiter::allow_now`](crate::TokenBucketLimiter::allow_now)
-/// and friends).
+/// When a call happens: the one time argument of every call.
+///
+/// Built from `f64` seconds on the caller's timeline (the seed's form,
+/// `limiter.allow("key", 0.0)`), from an exact [`Duration`] since the
+/// caller's epoch (to the nanosecond; an `f64` of Unix seconds resolves
+/// only about 240 ns), or from [`Now`]: the backend's own clock (the
+/// limiter's [`Clock`] in memory, Redis's `TIME` on Redis).
+///
+/// Every call takes `impl Into<At>`, so each of these works as written:
+///
+/// ```
+/// use keyrate::{At, Now, TokenBucketLimiter};
+/// use std::time::Duration;
+///
+/// let limiter = TokenBucketLimiter::new(1.0, 3);
+/// assert!(limiter.allow("k", 0.0)); // f64 seconds
+/// assert!(limiter.allow("k", Duration::from_millis(500))); // exact
+/// assert!(limiter.allow("k", Now)); // the limiter's clock
+/// assert!(!limiter.allow("k", At::Secs(f64::NAN))); // denied, changes nothing
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum At {
+    /// Seconds on the caller's timeline, rounded to the nearest
+    /// nanosecond. NaN, infinite, negative or values beyond
+    /// [`MAX_TIMESTAMP_NANOS`] are denied ([`Denial::InvalidTimestamp`](crate::Denial::InvalidTimestamp)).
+    Secs(f64),
+    /// An exact instant after the caller's epoch; beyond
+    /// [`MAX_TIMESTAMP_NANOS`] it is denied.
+    Since(Duration),
+    /// The backend's own clock at the call.
+    Now,
+}
+
+/// The backend's own clock: `limiter.allow(key, Now)`. See [`At::Now`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Now;
+
+impl From<f64> for At {
+    #[inline]
+    fn from(secs: f64) -> At {
+        At::Secs(secs)
+    }
+}
+
+impl From<Duration> for At {
+    #[inline]
+    fn from(since_epoch: Duration) -> At {
+        At::Since(since_epoch)
+    }
+}
+
+impl From<Now> for At {
+    #[inline]
+    fn from(_: Now) -> At {
+        At::Now
+    }
+}
+
+impl At {
+    /// The caller's instant in validated nanoseconds: `Some(None)` for an
+    /// invalid one, `None` for [`At::Now`] (the backend reads its clock).
+    #[inline]
+    pub(crate) fn caller_nanos(self) -> Option<Option<u64>> {
+        match self {
+            At::Secs(secs) => Some(nanos_from_secs(secs)),
+            At::Since(since) => Some(nanos_from_duration(since)),
+            At::Now => None,
+        }
+    }
+
+    /// This instant in validated nanoseconds, reading `clock` for
+    /// [`At::Now`]; `None` for an instant out of range.
+    #[inline]
+    pub(crate) fn nanos(self, clock: &dyn Clock) -> Option<u64> {
+        match self.caller_nanos() {
+            Some(nanos) => nanos,
+            None => nanos_from_duration(clock.now()),
+        }
+    }
+}
+
+/// The in-memory limiter's source of [`Now`].
 ///
 /// A clock returns the time elapsed since its own epoch. It must be
 /// monotonic for decisions to be fair; a clock that steps backwards never

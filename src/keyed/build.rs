@@ -109,21 +109,21 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
-    /// Replaces the clock read by the `*_now` methods (by default a
+    /// Replaces the clock read by calls at [`Now`](crate::Now) (by default a
     /// [`MonotonicClock`] started when the limiter was made).
     ///
     /// # Examples
     ///
     /// ```
-    /// use keyrate::{ManualClock, TokenBucketLimiter};
+    /// use keyrate::{ManualClock, Now, TokenBucketLimiter};
     /// use std::time::Duration;
     ///
     /// let clock = ManualClock::new();
     /// let limiter = TokenBucketLimiter::new(1.0, 1).with_clock(clock.clone());
-    /// assert!(limiter.allow_now("k"));
-    /// assert!(!limiter.allow_now("k"));
+    /// assert!(limiter.allow("k", Now));
+    /// assert!(!limiter.allow("k", Now));
     /// clock.advance(Duration::from_secs(1));
-    /// assert!(limiter.allow_now("k"));
+    /// assert!(limiter.allow("k", Now));
     /// ```
     #[must_use]
     pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
@@ -250,7 +250,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// for _ in 0..500 {
     ///     assert!(limiter.allow("k", 0.0));
     /// }
-    /// assert_eq!(limiter.remaining("k", 0.0), Some(500));
+    /// assert_eq!(limiter.remaining("k", 0.0), Ok(500));
     /// ```
     #[must_use]
     pub fn with_hot_key_cache(mut self, on: bool) -> Self {
@@ -261,7 +261,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
 /// # What the limiter reports about itself
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// The limiter's clock reading, in seconds, as the `*_now` methods use it.
+    /// The limiter's clock reading, in seconds, as calls at [`Now`](crate::Now) read it.
     #[must_use]
     pub fn now(&self) -> f64 {
         self.clock.now().as_secs_f64()

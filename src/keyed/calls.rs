@@ -1,88 +1,116 @@
-//! The calls on a bucket, written once: the core that both front ends (keyed
-//! calls on [`TokenBucketLimiter`] and a [`BucketHandle`](super::BucketHandle))
-//! delegate to, and the keyed front end.
+//! The in-memory backend of the one front end ([`Limiter`]): the keyed
+//! limiter and a handle each write `check_under` and `remaining_under`
+//! once; every other call is the trait's.
 
-use super::TokenBucketLimiter;
+use super::{BucketHandle, TokenBucketLimiter};
 use crate::bucket::{MOVED, RETIRED};
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
-use crate::time::{nanos_from_duration, Clock};
+use crate::limiter::{AsyncLimiter, Decision, Limiter, Under};
+use crate::time::At;
 use std::borrow::Borrow;
+use std::future::{ready, Future};
 use std::hash::{BuildHasher, Hash};
 
-/// The clock's reading in validated nanoseconds; `None` beyond
-/// [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
-pub(super) fn clock_nanos(clock: &dyn Clock) -> Option<u64> {
-    nanos_from_duration(clock.now())
-}
-
-/// `charge` at `now` (`None`: an invalid timestamp, denied), with `now`
-/// and the bucket's new word on success; `record` sees every decision.
-#[inline]
+/// `charge` at `now` (`None`: an invalid instant, denied): the decision,
+/// which `record` sees.
+#[inline(always)]
 fn decide_at(
     now: Option<u64>,
+    quota: &Quota,
     charge: impl FnOnce(u64) -> Result<u64, Denial>,
     record: impl FnOnce(Option<u64>, Result<(), &Denial>),
-) -> Result<(u64, u64), Denial> {
+) -> Result<Decision, Denial> {
     let decided = match now {
-        Some(now) => charge(now).map(|word| (now, word)),
+        Some(now) => charge(now).map(|word| Decision::new(word, now, quota)),
         None => Err(Denial::InvalidTimestamp),
     };
     record(now, decided.as_ref().map(|_| ()));
     decided
 }
 
-/// `allow*`: whether `charge` admits the call at `now` (`None`: an invalid
-/// timestamp, denied); `record` sees the decision.
-#[inline]
-pub(super) fn allow_at(
-    now: Option<u64>,
-    charge: impl FnOnce(u64) -> Result<u64, Denial>,
-    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
-) -> bool {
-    decide_at(now, charge, record).is_ok()
-}
-
-/// `check*`: `charge` at `now`, then the whole tokens left; `record` sees
-/// the decision.
-#[inline]
-pub(super) fn check_at(
-    now: Option<u64>,
-    quota: &Quota,
-    charge: impl FnOnce(u64) -> Result<u64, Denial>,
-    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
-) -> Result<u64, Denial> {
-    let (now, word) = decide_at(now, charge, record)?;
-    Ok(gcra::tokens_at(word, now, quota))
-}
-
-/// `remaining*`: the whole tokens a bucket whose word is `word()` holds at
-/// `now`.
-pub(super) fn remaining_at(
-    now: Option<u64>,
-    quota: &Quota,
-    word: impl FnOnce() -> u64,
-) -> Option<u64> {
-    let now = now?;
-    match word() {
+/// The whole tokens a bucket whose word is `word()` holds at `now`.
+fn remaining_at(now: Option<u64>, quota: &Quota, word: impl FnOnce() -> u64) -> Result<u64, Denial> {
+    let now = now.ok_or(Denial::InvalidTimestamp)?;
+    Ok(match word() {
         // Retired buckets are full by construction.
-        RETIRED => Some(quota.capacity()),
-        word => Some(gcra::tokens_at(word, now, quota)),
+        RETIRED => quota.capacity(),
+        word => gcra::tokens_at(word, now, quota),
+    })
+}
+
+impl<K, S, Q> Limiter<Q> for TokenBucketLimiter<K, S>
+where
+    K: Hash + Eq + Borrow<Q> + 'static,
+    S: BuildHasher + Clone,
+    Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+{
+    type Error = Denial;
+
+    #[inline]
+    fn quota(&self) -> Quota {
+        self.quota.load()
+    }
+
+    #[inline]
+    fn check_under(&self, key: &Q, at: At, cost: u64, quota: &Quota) -> Result<Decision, Denial> {
+        decide_at(
+            at.nanos(&*self.clock),
+            quota,
+            |now| self.charge(key, now, cost, quota),
+            |now, decided| self.observer.decided(key, now, cost, decided),
+        )
+    }
+
+    fn remaining_under(&self, key: &Q, at: At, quota: &Quota) -> Result<u64, Denial> {
+        remaining_at(at.nanos(&*self.clock), quota, || self.word(key))
     }
 }
 
-/// # Keyed calls at a caller's timestamp
+/// The in-memory limiter never waits: each future is ready, and the call
+/// is decided when it is made.
+impl<K, S, Q> AsyncLimiter<Q> for TokenBucketLimiter<K, S>
+where
+    K: Hash + Eq + Borrow<Q> + Send + Sync + 'static,
+    S: BuildHasher + Clone + Send + Sync,
+    Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
+{
+    type Error = Denial;
+
+    #[inline]
+    fn quota(&self) -> Quota {
+        self.quota.load()
+    }
+
+    #[inline]
+    fn check_under(
+        &self,
+        key: &Q,
+        at: At,
+        cost: u64,
+        quota: &Quota,
+    ) -> impl Future<Output = Result<Decision, Denial>> + Send {
+        ready(Limiter::check_under(self, key, at, cost, quota))
+    }
+
+    fn remaining_under(
+        &self,
+        key: &Q,
+        at: At,
+        quota: &Quota,
+    ) -> impl Future<Output = Result<u64, Denial>> + Send {
+        ready(Limiter::remaining_under(self, key, at, quota))
+    }
+}
+
+/// # Calls without importing the trait
 ///
-/// Timestamps are `f64` seconds (see [`TokenBucketLimiter`]); every
-/// method here is one line: the same call [`under`](Self::under) the
-/// default quota, which is written once over the core above.
+/// The seed's form, `limiter.allow("key1", 0.0)`, works with nothing but
+/// the limiter in scope: these are [`Limiter`]'s calls, under the same
+/// names (see the trait for what each does).
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// Spends one token from `key`'s bucket at `timestamp` (seconds), if it
-    /// holds one. Returns whether the call is admitted.
-    ///
-    /// An invalid timestamp (NaN, infinite, negative, or beyond
-    /// [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)) is denied and
-    /// changes nothing.
+    /// [`Limiter::allow`]: spends one token from `key`'s bucket at `at`, if
+    /// it holds one.
     ///
     /// # Examples
     ///
@@ -96,19 +124,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(!limiter.allow("k", f64::NAN));
     /// ```
     #[must_use]
-    pub fn allow<Q>(&self, key: &Q, timestamp: f64) -> bool
+    #[inline]
+    pub fn allow<Q>(&self, key: &Q, at: impl Into<At>) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.allow_n(key, timestamp, 1)
+        Limiter::allow(self, key, at)
     }
 
-    /// Spends `cost` tokens from `key`'s bucket at `timestamp`, if it holds
-    /// that many. Returns whether the call is admitted.
-    ///
-    /// Cost 0 is always admitted (for a valid timestamp) and changes nothing;
-    /// a cost above the capacity is never admitted.
+    /// [`Limiter::allow_n`]: spends `cost` tokens at `at`, if the bucket
+    /// holds that many.
     ///
     /// # Examples
     ///
@@ -121,24 +147,20 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(!limiter.allow_n("k", 100.0, 4));
     /// ```
     #[must_use]
-    pub fn allow_n<Q>(&self, key: &Q, timestamp: f64, cost: u64) -> bool
+    #[inline]
+    pub fn allow_n<Q>(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.under(&self.quota()).allow_n(key, timestamp, cost)
+        Limiter::allow_n(self, key, at, cost)
     }
 
-    /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
-    /// denied call was denied. On success returns the whole tokens left.
+    /// [`Limiter::check`]: spends `cost` tokens, or says why not.
     ///
     /// # Errors
     ///
-    /// - [`Denial::InsufficientTokens`] with the exact wait until this cost
-    ///   would be admitted (for a `Retry-After` header);
-    /// - [`Denial::ExceedsCapacity`] when `cost > capacity`;
-    /// - [`Denial::InvalidTimestamp`] for a timestamp that is not finite,
-    ///   negative, or out of range.
+    /// The [`Denial`]s listed on [`Limiter::check`].
     ///
     /// # Examples
     ///
@@ -147,25 +169,29 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// use std::time::Duration;
     ///
     /// let limiter = TokenBucketLimiter::new(1.0, 3);
-    /// assert_eq!(limiter.check("k", 0.0, 2), Ok(1));
+    /// assert_eq!(limiter.check("k", 0.0, 2).map(|d| d.remaining()), Ok(1));
     /// assert_eq!(
-    ///     limiter.check("k", 0.0, 2),
-    ///     Err(Denial::InsufficientTokens { retry_after: Duration::from_secs(1) })
+    ///     limiter.check("k", 0.0, 2).unwrap_err(),
+    ///     Denial::InsufficientTokens { retry_after: Duration::from_secs(1) }
     /// );
     /// assert!(matches!(limiter.check("k", 0.0, 9), Err(Denial::ExceedsCapacity { .. })));
-    /// assert_eq!(limiter.check("k", -1.0, 1), Err(Denial::InvalidTimestamp));
+    /// assert_eq!(limiter.check("k", -1.0, 1).unwrap_err(), Denial::InvalidTimestamp);
     /// ```
-    pub fn check<Q>(&self, key: &Q, timestamp: f64, cost: u64) -> Result<u64, Denial>
+    #[inline]
+    pub fn check<Q>(&self, key: &Q, at: impl Into<At>, cost: u64) -> Result<Decision, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.under(&self.quota()).check(key, timestamp, cost)
+        Limiter::check(self, key, at, cost)
     }
 
-    /// The whole tokens `key` holds at `timestamp`, without spending any
-    /// (for a `RateLimit-Remaining` header). A key never seen holds
-    /// `capacity`; no bucket is created. `None` for an invalid timestamp.
+    /// [`Limiter::remaining`]: the whole tokens `key` holds at `at`,
+    /// spending nothing and creating no bucket.
+    ///
+    /// # Errors
+    ///
+    /// [`Denial::InvalidTimestamp`] for an instant out of range.
     ///
     /// # Examples
     ///
@@ -173,19 +199,34 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// use keyrate::TokenBucketLimiter;
     ///
     /// let limiter = TokenBucketLimiter::new(1.0, 3);
-    /// assert_eq!(limiter.remaining("k", 0.0), Some(3));
+    /// assert_eq!(limiter.remaining("k", 0.0), Ok(3));
     /// assert!(limiter.allow_n("k", 0.0, 2));
-    /// assert_eq!(limiter.remaining("k", 0.0), Some(1));
-    /// assert_eq!(limiter.remaining("k", 1.5), Some(2));
-    /// assert_eq!(limiter.remaining("k", f64::INFINITY), None);
+    /// assert_eq!(limiter.remaining("k", 1.5), Ok(2));
+    /// assert!(limiter.remaining("k", f64::INFINITY).is_err());
     /// ```
-    #[must_use]
-    pub fn remaining<Q>(&self, key: &Q, timestamp: f64) -> Option<u64>
+    pub fn remaining<Q>(&self, key: &Q, at: impl Into<At>) -> Result<u64, Denial>
     where
         K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.under(&self.quota()).remaining(key, timestamp)
+        Limiter::remaining(self, key, at)
+    }
+
+    /// [`Limiter::under`]: these calls under `quota` instead of the
+    /// default one (import [`Limiter`] to call them).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Limiter, Quota, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let burst_of_3 = Quota::new(1.0, 3).unwrap();
+    /// assert!(limiter.under(&burst_of_3).allow_n("k", 0.0, 3));
+    /// ```
+    #[must_use]
+    pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
+        Under::new(self, *quota)
     }
 
     /// The word of `key`'s bucket, wherever it lives; 0 (full) for a key
@@ -205,49 +246,131 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 }
 
-/// # Keyed calls at the limiter's clock reading
-impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// [`allow`](Self::allow) at the limiter's clock reading.
-    #[must_use]
-    pub fn allow_now<Q>(&self, key: &Q) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.allow_n_now(key, 1)
+/// A handle is one key's bucket: its key is `()`.
+impl Limiter<()> for BucketHandle {
+    type Error = Denial;
+
+    #[inline]
+    fn quota(&self) -> Quota {
+        self.quota.load()
     }
 
-    /// [`allow_n`](Self::allow_n) at the limiter's clock reading.
-    #[must_use]
-    pub fn allow_n_now<Q>(&self, key: &Q, cost: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.under(&self.quota()).allow_n_now(key, cost)
+    #[inline]
+    fn check_under(&self, _: &(), at: At, cost: u64, quota: &Quota) -> Result<Decision, Denial> {
+        decide_at(
+            at.nanos(&*self.clock),
+            quota,
+            |now| self.charge(now, cost, quota),
+            |now, decided| self.tally.decided(now, cost, decided),
+        )
     }
 
-    /// [`check`](Self::check) at the limiter's clock reading.
+    fn remaining_under(&self, _: &(), at: At, quota: &Quota) -> Result<u64, Denial> {
+        remaining_at(at.nanos(&*self.clock), quota, || self.word())
+    }
+}
+
+/// A handle never waits either.
+impl AsyncLimiter<()> for BucketHandle {
+    type Error = Denial;
+
+    fn quota(&self) -> Quota {
+        self.quota.load()
+    }
+
+    fn check_under(
+        &self,
+        key: &(),
+        at: At,
+        cost: u64,
+        quota: &Quota,
+    ) -> impl Future<Output = Result<Decision, Denial>> + Send {
+        ready(Limiter::check_under(self, key, at, cost, quota))
+    }
+
+    fn remaining_under(
+        &self,
+        key: &(),
+        at: At,
+        quota: &Quota,
+    ) -> impl Future<Output = Result<u64, Denial>> + Send {
+        ready(Limiter::remaining_under(self, key, at, quota))
+    }
+}
+
+/// # Calls on the handle's bucket
+///
+/// [`Limiter`]'s calls with the key left out (it is the handle's).
+impl BucketHandle {
+    /// [`Limiter::allow`] on this bucket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let handle = limiter.bucket("k");
+    /// assert!(handle.allow(0.0));
+    /// assert!(!handle.allow(0.0));
+    /// ```
+    #[must_use]
+    #[inline]
+    pub fn allow(&self, at: impl Into<At>) -> bool {
+        Limiter::allow(self, &(), at)
+    }
+
+    /// [`Limiter::allow_n`] on this bucket.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert!(handle.allow_n(0.0, 3));
+    /// assert!(!handle.allow_n(0.0, 1));
+    /// ```
+    #[must_use]
+    #[inline]
+    pub fn allow_n(&self, at: impl Into<At>, cost: u64) -> bool {
+        Limiter::allow_n(self, &(), at, cost)
+    }
+
+    /// [`Limiter::check`] on this bucket.
     ///
     /// # Errors
     ///
-    /// As [`check`](Self::check); [`Denial::InvalidTimestamp`] only if the
-    /// clock reads beyond [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS).
-    pub fn check_now<Q>(&self, key: &Q, cost: u64) -> Result<u64, Denial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.under(&self.quota()).check_now(key, cost)
+    /// The [`Denial`]s listed on [`Limiter::check`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.check(0.0, 1).map(|d| d.remaining()), Ok(2));
+    /// ```
+    #[inline]
+    pub fn check(&self, at: impl Into<At>, cost: u64) -> Result<Decision, Denial> {
+        Limiter::check(self, &(), at, cost)
     }
 
-    /// [`remaining`](Self::remaining) at the limiter's clock reading.
-    #[must_use]
-    pub fn remaining_now<Q>(&self, key: &Q) -> Option<u64>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.under(&self.quota()).remaining_now(key)
+    /// [`Limiter::remaining`] on this bucket.
+    ///
+    /// # Errors
+    ///
+    /// [`Denial::InvalidTimestamp`] for an instant out of range.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
+    /// assert_eq!(handle.remaining(0.0), Ok(3));
+    /// ```
+    pub fn remaining(&self, at: impl Into<At>) -> Result<u64, Denial> {
+        Limiter::remaining(self, &(), at)
     }
 }

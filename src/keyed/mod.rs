@@ -17,7 +17,6 @@ use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
 use moved::Moved;
-pub use plan::Under;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use sweep::Occupancy;
@@ -88,7 +87,7 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     occupancy: Occupancy,
     /// This limiter's buckets in the per-thread hot-key caches.
     hot: HotKeys,
-    /// Read by the `*_now` methods only.
+    /// Read by calls at `Now` only.
     clock: std::sync::Arc<dyn Clock>,
     /// Counters and offender sketches (see `observe`); shared with handles.
     observer: std::sync::Arc<Observer<K, S>>,

@@ -107,6 +107,7 @@ fn denial_cell(denial: &Denial) -> Cell {
         Denial::ExceedsCapacity { .. } => Cell::ExceedsCapacity,
         Denial::InvalidTimestamp => Cell::InvalidTimestamp,
         Denial::LimiterFull { .. } => Cell::LimiterFull,
+        Denial::Unavailable => Cell::BackendErrors,
     }
 }
 

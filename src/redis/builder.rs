@@ -1,11 +1,14 @@
-//! Making and configuring a [`RedisLimiter`]: connecting, and the
-//! settings it carries (prefix, deadline, TTL floor, failure policy).
+//! Making and configuring a Redis limiter, async or blocking: connecting,
+//! and the settings it carries (prefix, deadline, TTL floor, mirror,
+//! failure policy), written once for both: they are one type,
+//! [`RedisLimiter`], over two kinds of connection.
 
 use super::error::{FailurePolicy, RedisLimiterError};
 use super::limiter::RedisLimiter;
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
 use crate::gcra::Quota;
-use crate::keyed::Under;
+use crate::limiter::Under;
+use crate::observe::Stats;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
 
@@ -33,7 +36,7 @@ impl RedisLimiter<ConnectionManager> {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(10.0, 20)?).await?;
     /// assert_eq!(limiter.quota().capacity(), 20);
     /// # Ok(())
@@ -67,11 +70,11 @@ where
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let client = redis::Client::open(url.as_str())?;
     /// let connection = client.get_multiplexed_async_connection().await?;
     /// let limiter = RedisLimiter::with_connection(connection, Quota::new(1.0, 3)?);
-    /// assert_eq!(limiter.remaining_now("never-seen").await?, 3);
+    /// assert_eq!(limiter.remaining("never-seen", keyrate::Now).await?, 3);
     /// # Ok(())
     /// # }
     /// ```
@@ -82,6 +85,10 @@ where
             connection,
         }
     }
+}
+
+/// # Settings, for the async and the blocking limiter alike
+impl<C> RedisLimiter<C> {
 
     /// Sets the prefix of every bucket's Redis key (default
     /// [`DEFAULT_REDIS_PREFIX`](crate::DEFAULT_REDIS_PREFIX)). On Redis Cluster a prefix such as
@@ -93,7 +100,7 @@ where
     /// # use keyrate::{Quota, RedisLimiter};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_prefix("rl:tts:");
@@ -107,8 +114,11 @@ where
         self
     }
 
-    /// Sets the deadline of each call (default [`DEFAULT_REDIS_TIMEOUT`]); a call
-    /// without an answer by then fails with [`RedisErrorKind::Timeout`](crate::RedisErrorKind::Timeout).
+    /// Sets the deadline of each call (default [`DEFAULT_REDIS_TIMEOUT`], at
+    /// least 1 ms); a call without an answer by then fails with
+    /// [`RedisErrorKind::Timeout`](crate::RedisErrorKind::Timeout). The
+    /// blocking limiter applies it to each socket read and write and each
+    /// connection attempt.
     ///
     /// # Examples
     ///
@@ -117,7 +127,7 @@ where
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_timeout(Duration::from_millis(50));
@@ -151,7 +161,7 @@ where
     /// # use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_min_ttl(Duration::from_secs(3600));
@@ -187,7 +197,7 @@ where
     /// # use keyrate::{Quota, RedisLimiter};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let every_call_asks_redis = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_mirror_capacity(0);
@@ -201,8 +211,8 @@ where
         self
     }
 
-    /// Sets what [`allow`](Self::allow) and the other boolean calls answer
-    /// when Redis cannot decide (default [`FailurePolicy::Closed`]).
+    /// Sets what every deciding call answers when Redis cannot decide
+    /// (default [`FailurePolicy::Closed`]; see [`FailurePolicy`]).
     ///
     /// # Examples
     ///
@@ -210,7 +220,7 @@ where
     /// # use keyrate::{FailurePolicy, Quota, RedisLimiter};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let Ok(url) = std::env::var("KEYRATE_REDIS_URL") else { return Ok(()) };
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_failure_policy(FailurePolicy::Open);
@@ -246,7 +256,32 @@ where
         Under::new(self, *quota)
     }
 
-    /// The policy applied by the boolean calls when Redis cannot decide.
+    /// This process's calls on this limiter (and its clones), counted:
+    /// admitted, denied by reason, and failed round trips
+    /// ([`Stats::backend_errors`], decided by the failure policy). Buckets
+    /// and sweeps live in Redis and are not counted.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{AsyncLimiter, Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 2)?).await?
+    ///     .with_prefix(format!("doc-stats-{}:", std::process::id()));
+    /// assert!(!limiter.allow_n("k", 0.0, 3).await);
+    /// assert_eq!(limiter.stats().denied_exceeds_capacity, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        self.settings.counters.read()
+    }
+
+    /// The policy applied when Redis cannot decide.
     #[must_use]
     pub fn failure_policy(&self) -> FailurePolicy {
         self.settings.failure_policy

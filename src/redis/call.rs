@@ -4,25 +4,28 @@
 //! [`BlockingRedisLimiter`](crate::BlockingRedisLimiter) only carry the
 //! prepared call to Redis and its answer back.
 
-use super::error::RedisLimiterError;
+use super::error::{RedisDenial, RedisLimiterError};
 use super::mirror::{Boarding, FlightGuard};
-use super::script::{self, Guess, Now};
+use super::script::{self, Guess, When};
 use super::settings::Settings;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
+use crate::limiter::Decision;
 use crate::observe::Cell;
+use crate::time::At;
 use ::redis::{ScriptInvocation, Value};
 use std::pin::Pin;
 use tokio::sync::futures::OwnedNotified;
 
-/// What every checking call returns: Redis's failure, or the decision.
-pub(super) type Outcome = Result<Result<u64, Denial>, RedisLimiterError>;
+/// What every call comes to before the failure policy: Redis's failure,
+/// or the decision.
+pub(super) type Outcome = Result<Result<Decision, Denial>, RedisLimiterError>;
 
 /// What to do with a call.
 #[derive(Debug)]
 pub(super) enum Step {
-    /// Decided without Redis.
-    Decided(Result<u64, Denial>),
+    /// Denied without Redis.
+    Denied(Denial),
     /// Ask Redis.
     Ask(Call),
     /// Calls on the key in flight may use up what this one needs: wait
@@ -34,7 +37,7 @@ pub(super) enum Step {
 #[derive(Debug)]
 pub(super) struct Call {
     key: String,
-    now: Now,
+    now: When,
     cost: u64,
     /// The quota the call is decided under.
     quota: Quota,
@@ -58,29 +61,27 @@ impl Settings {
     pub(super) fn prepare(
         &self,
         key: &str,
-        now: Option<Now>,
+        at: At,
         cost: u64,
         quota: &Quota,
         coalesce: bool,
     ) -> Step {
-        match self.try_prepare(key, now, cost, quota, coalesce) {
+        match self.try_prepare(key, When::from_at(at), cost, quota, coalesce) {
             Ok(step) => step,
-            Err(decided) => Step::Decided(decided),
+            Err(denial) => Step::Denied(denial),
         }
     }
 
     fn try_prepare(
         &self,
         key: &str,
-        now: Option<Now>,
+        now: Option<When>,
         cost: u64,
         quota: &Quota,
         coalesce: bool,
-    ) -> Result<Step, Result<u64, Denial>> {
-        let Some(now) = now else {
-            return Err(Err(Denial::InvalidTimestamp));
-        };
-        let spend = gcra::spend_for(cost, quota).map_err(Err)?;
+    ) -> Result<Step, Denial> {
+        let now = now.ok_or(Denial::InvalidTimestamp)?;
+        let spend = gcra::spend_for(cost, quota)?;
         let key = self.bucket_key(key);
         let mut bound = None;
         let mut sent = 0;
@@ -89,17 +90,17 @@ impl Settings {
             sent = mirror.local_now();
             bound = mirror.bound(&key);
             let at = match now {
-                Now::At(ns) => Some(ns),
+                When::At(ns) => Some(ns),
                 // An overestimate of Redis's clock: the bound denies
                 // locally only what Redis would deny at that instant.
-                Now::Server => mirror.server_now(),
+                When::Server => mirror.server_now(),
             };
             if let (Some(at), Some(bound)) = (at, bound) {
                 // The real word is at least the bound: a denial here is
                 // Redis's denial too.
                 if let Err(denial) = gcra::decide(bound, at, cost, quota) {
                     self.counters.add(Cell::MirrorDenials, 1);
-                    return Err(Err(denial));
+                    return Err(denial);
                 }
             }
             if let (true, Some(at)) = (coalesce && spend > 0, at) {
@@ -110,7 +111,7 @@ impl Settings {
             }
         }
         let mut guess = None;
-        if let Now::At(ns) = now {
+        if let When::At(ns) = now {
             if spend > 0 {
                 let expected = bound.unwrap_or(0);
                 if let Ok(word) = gcra::decide(expected, ns, cost, quota) {
@@ -150,8 +151,8 @@ impl Settings {
     /// holds.
     pub(super) fn finish(&self, call: &Call, answer: Result<Value, RedisLimiterError>) -> Outcome {
         let at = match call.now {
-            Now::At(ns) => Some(ns),
-            Now::Server => None,
+            When::At(ns) => Some(ns),
+            When::Server => None,
         };
         let reply = script::parse(&call.key, &answer?, at)?;
         let decision = gcra::decide(reply.full_at, reply.now, call.cost, &call.quota);
@@ -167,14 +168,32 @@ impl Settings {
             let word = decision.unwrap_or(reply.full_at).max(reply.full_at);
             mirror.raise(&call.key, word, reply.now);
         }
-        Ok(decision.map(|word| gcra::tokens_at(word, reply.now, &call.quota)))
+        Ok(decision.map(|word| Decision::new(word, reply.now, &call.quota)))
     }
 
-    /// Whether a boolean call admits: the decision, or the failure policy.
-    pub(super) fn admits(&self, outcome: Outcome) -> bool {
-        match outcome {
-            Ok(decision) => decision.is_ok(),
-            Err(_) => self.failure_policy.admits(),
+    /// A check's answer from its outcome: counted, then the failure policy
+    /// applied to a failure.
+    pub(super) fn conclude(
+        &self,
+        cost: u64,
+        quota: &Quota,
+        outcome: Outcome,
+    ) -> Result<Decision, RedisDenial> {
+        match self.record(cost, outcome) {
+            Ok(Ok(decision)) => Ok(decision),
+            Ok(Err(denial)) => Err(RedisDenial::Denied(denial)),
+            Err(_) if self.failure_policy.admits() => Ok(Decision::degraded(quota)),
+            Err(err) => Err(RedisDenial::Failed(err)),
+        }
+    }
+
+    /// A `remaining`'s answer from its cost-0 outcome: no policy, since it
+    /// admits nothing.
+    pub(super) fn conclude_remaining(&self, outcome: Outcome) -> Result<u64, RedisDenial> {
+        match self.record(0, outcome) {
+            Ok(Ok(decision)) => Ok(decision.remaining()),
+            Ok(Err(denial)) => Err(RedisDenial::Denied(denial)),
+            Err(err) => Err(RedisDenial::Failed(err)),
         }
     }
 }

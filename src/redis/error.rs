@@ -1,14 +1,84 @@
 //! The failure policy and the typed errors of the Redis limiters.
 
+use crate::error::Denial;
+use crate::limiter::Refusal;
 use ::redis::{ErrorKind, RedisError};
 use std::fmt;
 use std::time::Duration;
 
-/// What [`RedisLimiter::allow`](crate::RedisLimiter::allow) and [`RedisLimiter::allow_n`](crate::RedisLimiter::allow_n) answer when
-/// Redis cannot: admit everything (open) or nothing (closed).
+/// Why a Redis limiter did not admit a call: Redis's denial (the same
+/// [`Denial`]s as in memory), or Redis's failure under a fail-closed
+/// [`FailurePolicy`].
 ///
-/// The checking calls ([`RedisLimiter::check`](crate::RedisLimiter::check) and friends) never apply a
-/// policy: they return the [`RedisLimiterError`] for the caller to decide.
+/// # Examples
+///
+/// ```
+/// use keyrate::{Denial, Refusal, RedisDenial};
+///
+/// let denied = RedisDenial::from(Denial::InvalidTimestamp);
+/// assert_eq!(denied.denial(), Some(&Denial::InvalidTimestamp));
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RedisDenial {
+    /// Redis (or the local deny mirror, or the checks made before any
+    /// round trip) decided: the call is denied and spent nothing.
+    Denied(Denial),
+    /// Redis could not decide (unreachable, timed out, a bad reply) and
+    /// the failure policy is [`FailurePolicy::Closed`]. A timeout may have
+    /// come after the script ran: the spend may then have happened.
+    Failed(RedisLimiterError),
+}
+
+impl From<Denial> for RedisDenial {
+    fn from(denial: Denial) -> Self {
+        RedisDenial::Denied(denial)
+    }
+}
+
+impl From<RedisLimiterError> for RedisDenial {
+    fn from(err: RedisLimiterError) -> Self {
+        RedisDenial::Failed(err)
+    }
+}
+
+impl fmt::Display for RedisDenial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisDenial::Denied(denial) => denial.fmt(f),
+            RedisDenial::Failed(err) => write!(f, "refused (fail closed): {err}"),
+        }
+    }
+}
+
+impl std::error::Error for RedisDenial {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RedisDenial::Denied(denial) => Some(denial),
+            RedisDenial::Failed(err) => Some(err),
+        }
+    }
+}
+
+impl Refusal for RedisDenial {
+    fn denial(&self) -> Option<&Denial> {
+        match self {
+            RedisDenial::Denied(denial) => Some(denial),
+            RedisDenial::Failed(_) => None,
+        }
+    }
+}
+
+/// What a Redis limiter answers when Redis cannot decide a call: admit it
+/// (open) or refuse it (closed).
+///
+/// Every deciding call applies it, the same way: under `Open` the call is
+/// `Ok` with a [`Decision`](crate::Decision) whose
+/// [`is_degraded`](crate::Decision::is_degraded) is true; under `Closed` it
+/// is `Err(`[`RedisDenial::Failed`]`)`, carrying the [`RedisLimiterError`].
+/// [`remaining`](crate::AsyncLimiter::remaining) admits nothing, so it
+/// always returns the failure. Either way the failure is counted in
+/// [`Stats::backend_errors`](crate::Stats::backend_errors).
 ///
 /// A call that the local deny mirror denies never reaches Redis, so it
 /// stays a denial while Redis is down, under either policy: the policy

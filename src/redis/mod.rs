@@ -29,7 +29,7 @@ mod script;
 mod settings;
 mod stats;
 
-pub use self::blocking::BlockingRedisLimiter;
-pub use self::error::{FailurePolicy, RedisErrorKind, RedisLimiterError};
+pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
+pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
 pub use self::limiter::RedisLimiter;
 pub use self::settings::{DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT};

@@ -1,9 +1,8 @@
 //! The decision script (`bucket.lua`): its arguments and its reply.
 
 use super::error::RedisLimiterError;
-use crate::time::{nanos_from_duration, nanos_from_secs};
+use crate::time::At;
 use ::redis::{ScriptInvocation, Value};
-use std::time::Duration;
 
 /// The decision script; Redis caches it by its SHA-1.
 pub(super) const BUCKET_SCRIPT: &str = include_str!("bucket.lua");
@@ -12,22 +11,21 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 /// Where "now" comes from for one call.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Now {
+pub(super) enum When {
     /// The caller's timestamp, validated nanoseconds.
     At(u64),
     /// Redis's `TIME`, read inside the script.
     Server,
 }
 
-impl Now {
-    /// The caller's `f64` seconds, or `None` when invalid.
-    pub(super) fn secs(timestamp: f64) -> Option<Now> {
-        nanos_from_secs(timestamp).map(Now::At)
-    }
-
-    /// The caller's exact timestamp, or `None` when out of range.
-    pub(super) fn duration(at: Duration) -> Option<Now> {
-        nanos_from_duration(at).map(Now::At)
+impl When {
+    /// Where `at` is read: the caller's validated nanoseconds (`None` when
+    /// invalid), or Redis's clock for [`At::Now`].
+    pub(super) fn from_at(at: At) -> Option<When> {
+        match at.caller_nanos() {
+            Some(nanos) => nanos.map(When::At),
+            None => Some(When::Server),
+        }
     }
 }
 
@@ -57,18 +55,18 @@ fn join(secs: i64, nanos: i64) -> Option<u64> {
 /// of refill, on a bucket whose full refill is `window` ns.
 pub(super) fn arguments(
     invocation: &mut ScriptInvocation<'_>,
-    now: Now,
+    now: When,
     spend: u64,
     window: u64,
     min_ttl_ms: u64,
     guess: Option<Guess>,
 ) {
     match now {
-        Now::At(ns) => {
+        When::At(ns) => {
             let (secs, nanos) = limbs(ns);
             invocation.arg(secs).arg(nanos);
         }
-        Now::Server => {
+        When::Server => {
             invocation.arg("time").arg(0);
         }
     }

@@ -1,0 +1,140 @@
+//! The HTTP side of a decision: the rate-limit header fields of
+//! draft-ietf-httpapi-ratelimit-headers, and the response to a refusal.
+
+use crate::error::Denial;
+use crate::gcra::Quota;
+use crate::limiter::{Decision, Refusal};
+use crate::observe::Status;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::{Response, StatusCode};
+use std::time::Duration;
+
+/// The `RateLimit-Policy` header name (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// The `RateLimit` header name (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// One policy's header fields, by its name.
+#[derive(Debug)]
+pub(super) struct Fields {
+    /// The policy's name as a structured-field string, quotes included
+    /// (printable ASCII only, checked by `with_policy_name`).
+    item: String,
+}
+
+impl Fields {
+    pub(super) fn new(name: &str) -> Self {
+        Fields {
+            item: sf_string(name),
+        }
+    }
+
+    /// `RateLimit-Policy` for a request under `quota`.
+    pub(super) fn policy(&self, quota: &Quota) -> HeaderValue {
+        header_value(format!(
+            "{};q={};w={}",
+            self.item,
+            quota.capacity(),
+            ceil_secs(quota.refill_time())
+        ))
+    }
+
+    /// The headers of an admitted request: the policy, and, unless the
+    /// backend could not measure it, the bucket's state after the request.
+    pub(super) fn admitted(&self, decision: &Decision) -> Vec<(HeaderName, HeaderValue)> {
+        let mut headers = vec![(RATELIMIT_POLICY, self.policy(&decision.quota()))];
+        if !decision.is_degraded() {
+            let state = format!(
+                "{};r={};t={}",
+                self.item,
+                decision.remaining(),
+                ceil_secs(decision.reset_after())
+            );
+            headers.push((RATELIMIT, header_value(state)));
+        }
+        headers
+    }
+
+    /// The response to a request the limiter refused, and the status it
+    /// is counted under.
+    pub(super) fn refused<B: Default>(
+        &self,
+        quota: &Quota,
+        refusal: &impl Refusal,
+    ) -> (Response<B>, Status) {
+        let mut response = Response::new(B::default());
+        let headers = response.headers_mut();
+        let (status, counted) = match refusal.denial() {
+            Some(Denial::InsufficientTokens { retry_after }) => {
+                let secs = ceil_secs(*retry_after);
+                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                let state = format!("{};r=0;t={secs}", self.item);
+                headers.insert(RATELIMIT, header_value(state));
+                (StatusCode::TOO_MANY_REQUESTS, Status::TooManyRequests)
+            }
+            Some(Denial::ExceedsCapacity { .. }) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, Status::PayloadTooLarge)
+            }
+            // The limiter is full, its clock out of range, or its backend
+            // down under a fail-closed policy: the server's condition, not
+            // the client's doing.
+            _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
+        };
+        headers.insert(RATELIMIT_POLICY, self.policy(quota));
+        *response.status_mut() = status;
+        (response, counted)
+    }
+}
+
+/// The response to a request without a key.
+pub(super) fn unauthorized<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::UNAUTHORIZED;
+    response
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// Whole seconds, rounded up.
+fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+/// `name` as a structured-field string: quoted, `"` and `\` escaped.
+fn sf_string(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+fn header_value(text: String) -> HeaderValue {
+    // Built from printable ASCII and digits only.
+    HeaderValue::try_from(text).expect("printable ASCII")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_seconds_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn quotes_policy_names() {
+        assert_eq!(sf_string("tts"), "\"tts\"");
+        assert_eq!(sf_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+    }
+}

@@ -1,0 +1,95 @@
+//! Key extraction: the ready-made key functions, and what the layer hands
+//! the inner service about the key it admitted.
+
+use crate::gcra::Quota;
+use http::header::HeaderName;
+use http::request::Parts;
+
+/// The `X-API-Key` header name read by [`api_key_header`].
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// What the layer hands the inner service in the request's extensions
+/// when it admits a request: the key it extracted and the quota it
+/// applied, so a handler need not parse the key again to find its
+/// customer.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::Limited;
+///
+/// fn handler(request: http::Request<()>) -> String {
+///     match request.extensions().get::<Limited<String>>() {
+///         Some(limited) => format!("hello {}, burst {}", limited.key, limited.quota.capacity()),
+///         None => String::from("not rate-limited"),
+///     }
+/// }
+/// # assert_eq!(handler(http::Request::new(())), "not rate-limited");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Limited<K = String> {
+    /// The key the layer's key function extracted.
+    pub key: K,
+    /// The quota the request was admitted under.
+    pub quota: Quota,
+}
+
+/// Reads the key from `Authorization: Bearer <token>`.
+///
+/// The scheme is matched case-insensitively; surrounding spaces are ignored.
+/// Returns `None` when the header is missing, not visible ASCII, uses
+/// another scheme, or carries an empty token.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::bearer_token;
+///
+/// let (parts, ()) = http::Request::get("/")
+///     .header("authorization", "Bearer sk_live_123")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert_eq!(bearer_token(&parts).as_deref(), Some("sk_live_123"));
+/// ```
+#[must_use]
+pub fn bearer_token(parts: &Parts) -> Option<String> {
+    let value = parts
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let value = value.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    non_empty(token.trim())
+}
+
+/// Reads the key from the `X-API-Key` header.
+///
+/// Returns `None` when the header is missing, not visible ASCII, or blank.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::api_key_header;
+///
+/// let (parts, ()) = http::Request::get("/")
+///     .header("x-api-key", "sk_live_123")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert_eq!(api_key_header(&parts).as_deref(), Some("sk_live_123"));
+/// ```
+#[must_use]
+pub fn api_key_header(parts: &Parts) -> Option<String> {
+    non_empty(parts.headers.get(X_API_KEY)?.to_str().ok()?.trim())
+}
+
+fn non_empty(token: &str) -> Option<String> {
+    (!token.is_empty()).then(|| token.to_owned())
+}
+
