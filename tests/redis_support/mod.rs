@@ -1,29 +1,30 @@
 //! Finding the Redis server the Redis tests run against.
 //!
 //! The server is named by `KEYRATE_REDIS_URL` (for example
-//! `redis://127.0.0.1:6390`). Without it the tests are skipped with a loud
-//! message, unless `CI` is set: then they fail, as they do when the
-//! variable is set and no server answers.
+//! `redis://127.0.0.1:6390`), the cluster by `KEYRATE_REDIS_CLUSTER_URLS`.
+//! `bash scripts/test.sh` starts both (throwaway servers) and sets them.
+//! Without the variable a Redis test fails, as it does when the variable is
+//! set and no server answers: a Redis test never passes without running.
 #![allow(dead_code)]
 
 use keyrate::{Quota, RedisLimiter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The server's URL, or `None` (after a loud message) to skip.
+/// The server's URL from `KEYRATE_REDIS_URL`; always `Some`.
+///
+/// # Panics
+///
+/// When `KEYRATE_REDIS_URL` is unset or empty: run the tests with
+/// `bash scripts/test.sh` (which starts the servers) or set it.
 pub fn url() -> Option<String> {
     match std::env::var("KEYRATE_REDIS_URL") {
         Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI is set but KEYRATE_REDIS_URL is not: the Redis tests need a server")
-        }
-        _ => {
-            eprintln!(
-                "\n!!! SKIPPED: set KEYRATE_REDIS_URL (e.g. redis://127.0.0.1:6390) to run \
-                 the Redis tests against a real server !!!\n"
-            );
-            None
-        }
+        _ => panic!(
+            "KEYRATE_REDIS_URL is not set: the Redis tests need a Redis server. Run \
+             `bash scripts/test.sh` (which starts throwaway servers), or start one and set \
+             KEYRATE_REDIS_URL (e.g. redis://127.0.0.1:6390)"
+        ),
     }
 }
 
@@ -78,24 +79,21 @@ pub async fn keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) ->
 
 /// The Redis Cluster's node URLs from `KEYRATE_REDIS_CLUSTER_URLS`
 /// (comma-separated, e.g. `redis://127.0.0.1:7100,redis://127.0.0.1:7101`,
-/// as `scripts/redis_cluster.sh start` prints them), or `None` (after a
-/// loud message) to skip; a failure when `CI` is set.
+/// as `scripts/redis_cluster.sh start` prints them); always `Some`.
+///
+/// # Panics
+///
+/// When `KEYRATE_REDIS_CLUSTER_URLS` is unset or empty: run the tests with
+/// `bash scripts/test.sh` (which starts the servers) or set it.
 pub fn cluster_urls() -> Option<Vec<String>> {
     match std::env::var("KEYRATE_REDIS_CLUSTER_URLS") {
         Ok(urls) if !urls.is_empty() => Some(urls.split(',').map(str::to_owned).collect()),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!(
-                "CI is set but KEYRATE_REDIS_CLUSTER_URLS is not: the cluster tests need \
-                 a Redis Cluster (scripts/redis_cluster.sh start)"
-            )
-        }
-        _ => {
-            eprintln!(
-                "\n!!! SKIPPED: set KEYRATE_REDIS_CLUSTER_URLS (see scripts/redis_cluster.sh) \
-                 to run the Redis Cluster tests against a real cluster !!!\n"
-            );
-            None
-        }
+        _ => panic!(
+            "KEYRATE_REDIS_CLUSTER_URLS is not set: the cluster tests need a Redis Cluster. \
+             Run `bash scripts/test.sh` (which starts throwaway servers), or start one with \
+             `scripts/redis_cluster.sh start BASE_PORT DIR` and set KEYRATE_REDIS_CLUSTER_URLS \
+             to the URLs it prints"
+        ),
     }
 }
 
