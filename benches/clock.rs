@@ -12,7 +12,7 @@
 //! ```
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use keyrate::{Clock, ManualClock, MonotonicClock, TokenBucketLimiter};
+use keyrate::{Clock, ManualClock, MonotonicClock, Now, TokenBucketLimiter};
 use std::time::Instant;
 
 fn readings(c: &mut Criterion) {
@@ -43,10 +43,10 @@ fn limiter_calls(c: &mut Criterion) {
         b.iter(|| black_box(limiter.allow(black_box("key"), 1.0)))
     });
     group.bench_function("keyed_allow_now", |b| {
-        b.iter(|| black_box(limiter.allow_now(black_box("key"))))
+        b.iter(|| black_box(limiter.allow(black_box("key"), Now)))
     });
     group.bench_function("handle_allow_now", |b| {
-        b.iter(|| black_box(handle.allow_now()))
+        b.iter(|| black_box(handle.allow(Now)))
     });
     group.finish();
 }

@@ -9,11 +9,12 @@
 //! ```
 //!
 //! Two OS threads (a 2-worker runtime) run 32 tasks each, every task
-//! calling `check_at` (or `check_now`) on the same key as fast as it can;
+//! calling `check` on the same key as fast as it can, at the caller's Unix
+//! time (a `Duration`) or at `Now` (Redis's clock);
 //! the quota admits `rate` calls/s (default 1,000) with a burst of 10. Redis's count of script calls (`INFO commandstats`)
 //! gives the Redis calls per second.
 
-use keyrate::{Quota, RedisLimiter};
+use keyrate::{AsyncLimiter, Now, Quota, RedisDenial, RedisLimiter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -78,17 +79,17 @@ async fn run(
             while Instant::now() < deadline {
                 for _ in 0..64 {
                     let outcome = if now_mode {
-                        limiter.check_now("hot", 1).await
+                        limiter.check("hot", Now, 1).await
                     } else {
                         let now = SystemTime::now()
                             .duration_since(UNIX_EPOCH)
                             .unwrap_or_default();
-                        limiter.check_at("hot", now, 1).await
+                        limiter.check("hot", now, 1).await
                     };
                     d += 1;
                     match outcome {
-                        Ok(Ok(_)) => a += 1,
-                        Ok(Err(_)) => {}
+                        Ok(_) => a += 1,
+                        Err(RedisDenial::Denied(_)) => {}
                         Err(_) => e += 1,
                     }
                 }
@@ -109,7 +110,11 @@ async fn run(
     println!(
         "{:<8} {:<12} {:>14.0} {:>12.0} {:>10.2}% {:>14.0} {:>10.0}x {:>7}",
         if mirror { "on" } else { "off" },
-        if now_mode { "check_now" } else { "check_at" },
+        if now_mode {
+            "check, Now"
+        } else {
+            "check, Unix"
+        },
         d / secs,
         a / secs,
         100.0 * (1.0 - a / d.max(1.0)),

@@ -122,7 +122,7 @@ fn the_same_new_key_twice_under_a_cap_of_one() {
             "a call on the one key was refused: {answers:?}"
         );
         assert_eq!(limiter.len(), 1);
-        assert_eq!(limiter.remaining("k", 0.0), Some(2 - admitted));
+        assert_eq!(limiter.remaining("k", 0.0), Ok(2 - admitted));
         assert_exact_room(&limiter, 1, 0.0);
     });
 }

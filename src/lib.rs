@@ -24,12 +24,26 @@
 //! println!("{}", err.unwrap_err()); // says what is wrong and what is accepted
 //! ```
 //!
+//! # Calls
+//!
+//! Every backend answers the same calls, written once in two traits:
+//! [`Limiter`] (answered in the calling thread: [`TokenBucketLimiter`],
+//! [`BucketHandle`], and the blocking Redis limiter) and [`AsyncLimiter`]
+//! (awaited: the in-memory limiter and `RedisLimiter`, which is what the
+//! tower layer takes). Each call takes its instant as one argument,
+//! `impl Into<`[`At`]`>`: `f64` seconds (the form above), an exact
+//! [`Duration`](std::time::Duration) since the caller's epoch, or [`Now`]
+//! (the backend's clock). A decision is `Ok(`[`Decision`]`)` or the
+//! backend's [`Refusal`] ([`Denial`] in memory). The in-memory limiter also
+//! has `allow`, `allow_n`, `check` and `remaining` as its own methods, so
+//! the form above needs no trait import.
+//!
 //! # Semantics
 //!
-//! - Timestamps are `f64` seconds, rounded to the nearest nanosecond, from
-//!   0 up to [`MAX_TIMESTAMP_NANOS`] (`2^63 - 1` ns, about 292 years).
-//!   NaN, infinite, negative or larger timestamps are denied and change
-//!   nothing.
+//! - Instants are `f64` seconds rounded to the nearest nanosecond, or exact
+//!   nanoseconds, from 0 up to [`MAX_TIMESTAMP_NANOS`] (`2^63 - 1` ns,
+//!   about 292 years). NaN, infinite, negative or larger instants are
+//!   denied and change nothing.
 //! - Decisions equal an exact token bucket evaluated at those nanoseconds
 //!   that refills one token every [`Quota::interval`]: `1e9 / rate` ns
 //!   rounded up to a whole nanosecond. A full bucket admits calls whose
@@ -52,6 +66,8 @@
 mod bucket;
 #[cfg(not(loom))]
 mod dice;
+#[cfg(doctest)]
+mod docs;
 mod error;
 mod gcra;
 mod hot;
@@ -75,17 +91,16 @@ mod time;
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
-pub use crate::limiter::{AsyncLimiter, Decision, Limiter, Refusal, Under};
 #[cfg(feature = "tower")]
 pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
+pub use crate::limiter::{AsyncLimiter, Decision, Limiter, Refusal, Under};
 #[cfg(feature = "tower")]
 pub use crate::observe::Responses;
 pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingConnection, BlockingRedisLimiter, FailurePolicy, RedisDenial, RedisErrorKind,
-    RedisLimiter, RedisLimiterError,
-    DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
+    RedisLimiter, RedisLimiterError, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

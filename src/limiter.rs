@@ -207,8 +207,13 @@ pub trait Limiter<Q: ?Sized = str> {
     /// # Errors
     ///
     /// As [`check`](Self::check).
-    fn check_under(&self, key: &Q, at: At, cost: u64, quota: &Quota)
-        -> Result<Decision, Self::Error>;
+    fn check_under(
+        &self,
+        key: &Q,
+        at: At,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<Decision, Self::Error>;
 
     /// The whole tokens `key` holds at `at` under `quota`, spending
     /// nothing. Prefer [`remaining`](Self::remaining).
@@ -278,7 +283,12 @@ pub trait Limiter<Q: ?Sized = str> {
     /// The refusal at once when waiting cannot help (a cost above the
     /// capacity, a backend failure), or when the wait it reports would end
     /// more than `max_wait` after the call.
-    fn wait_blocking(&self, key: &Q, cost: u64, max_wait: Duration) -> Result<Decision, Self::Error> {
+    fn wait_blocking(
+        &self,
+        key: &Q,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Self::Error> {
         let start = std::time::Instant::now();
         loop {
             let refusal = match self.check(key, Now, cost) {

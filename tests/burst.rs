@@ -1,7 +1,7 @@
 //! Whole bursts at every rate, the served rate over long runs, and answers
 //! that agree with each other (`remaining`, `retry_after`).
 //!
-//! Timestamps go through a `ManualClock` and the `*_now` calls, so every
+//! Timestamps go through a `ManualClock` and calls at `Now`, so every
 //! call lands on the exact nanosecond the test means.
 #![cfg(not(loom))]
 
@@ -9,7 +9,8 @@ mod common;
 
 use common::model::Model;
 use keyrate::{
-    BucketHandle, ConfigError, Denial, ManualClock, Quota, TokenBucketLimiter, MAX_RATE_SHORTFALL,
+    BucketHandle, ConfigError, Denial, ManualClock, Now, Quota, TokenBucketLimiter,
+    MAX_RATE_SHORTFALL,
 };
 use proptest::prelude::*;
 use std::time::Duration;
@@ -71,17 +72,21 @@ impl Subject {
     fn check(&self, now: u64, cost: u64) -> Result<u64, Denial> {
         self.clock.set(Duration::from_nanos(now));
         match &self.handle {
-            Some(handle) => handle.check_now(cost),
-            None => self.limiter.check_now("k", cost),
+            Some(handle) => handle.check(Now, cost),
+            None => self.limiter.check("k", Now, cost),
         }
+        .map(|decision| decision.remaining())
     }
 
     fn remaining(&self, now: u64) -> u64 {
         self.clock.set(Duration::from_nanos(now));
         match &self.handle {
             // Cost 0 is free and answers the tokens held.
-            Some(handle) => handle.check_now(0).expect("cost 0 is admitted"),
-            None => self.limiter.remaining_now("k").expect("valid timestamp"),
+            Some(handle) => handle
+                .check(Now, 0)
+                .expect("cost 0 is admitted")
+                .remaining(),
+            None => self.limiter.remaining("k", Now).expect("valid timestamp"),
         }
     }
 }
@@ -303,7 +308,7 @@ fn long_runs_serve_the_rate_within_the_bound() {
             x ^= x << 17;
             now += ((x >> 11) as f64 / (1u64 << 53) as f64 * exact_interval).round() as u64;
             clock.set(Duration::from_nanos(now));
-            if handle.allow_now() {
+            if handle.allow(Now) {
                 admitted.push((now, 1));
             }
         }

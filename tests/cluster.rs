@@ -10,7 +10,7 @@
 
 mod redis_support;
 
-use keyrate::{FailurePolicy, Quota, RedisErrorKind, RedisLimiter};
+use keyrate::{AsyncLimiter, FailurePolicy, Quota, RedisDenial, RedisErrorKind, RedisLimiter};
 use redis::aio::MultiplexedConnection;
 use redis_support::{cluster, cluster_urls, unique_prefix, TEST_TIMEOUT};
 use std::collections::HashSet;
@@ -45,7 +45,8 @@ async fn buckets_spread_over_slots_and_nodes() {
     let mut slots = HashSet::new();
     for i in 0..32 {
         let key = format!("k{i}");
-        assert_eq!(limiter.check_at(&key, unix_now(), 1).await.unwrap(), Ok(2));
+        let decision = limiter.check(&key, unix_now(), 1).await.unwrap();
+        assert_eq!(decision.remaining(), 2);
         let slot: u16 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(limiter.bucket_key(&key))
@@ -174,17 +175,18 @@ async fn failover(urls: &[String], hang: bool) {
             let mut open_denies = 0u64;
             let stop = Instant::now() + Duration::from_secs(60);
             while Instant::now() < stop {
-                match closed.check_at("k", unix_now(), 1).await {
+                match closed.check("k", unix_now(), 1).await {
                     Ok(decision) => {
-                        assert!(decision.is_ok(), "a generous quota admits: {decision:?}");
+                        assert!(!decision.is_degraded(), "failing closed never degrades");
                         gap = gap.max(last_ok.elapsed());
                         last_ok = Instant::now();
                         ok += 1;
                     }
-                    Err(err) => {
+                    Err(RedisDenial::Failed(err)) => {
                         errors += 1;
                         kinds.insert(err.kind());
                     }
+                    Err(denied) => panic!("a generous quota admits: {denied:?}"),
                 }
                 // Failing open, the boolean call admits whether or not the
                 // slot is reachable (the quota admits every decided call).
@@ -270,7 +272,9 @@ async fn failover(urls: &[String], hang: bool) {
     }
     assert_eq!(open_denies, 0, "fail open admits while the slot moves");
     // Decided again afterwards, on the new master.
-    assert!(closed.check_at("k", unix_now(), 1).await.unwrap().is_ok());
+    if let Err(err) = closed.check("k", unix_now(), 1).await {
+        panic!("not admitted on the new master: {err}");
+    }
 }
 
 static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -26,8 +26,8 @@ fn a_flood_of_new_keys_stays_bounded_and_changes_nothing() {
             let key = legit[(i / 997) as usize % legit.len()].as_str();
             let cost = 1 + i % 3;
             assert_eq!(
-                flooded.check(key, now, cost),
-                quiet.check(key, now, cost),
+                flooded.check(key, now, cost).map(|d| d.remaining()),
+                quiet.check(key, now, cost).map(|d| d.remaining()),
                 "legit key {key} at {now}"
             );
         }
@@ -94,7 +94,7 @@ fn sweep_removes_exactly_the_full_buckets() {
     assert_eq!(limiter.sweep(1.0), 1);
     assert_eq!(limiter.sweep(5.0), 1);
     assert_eq!(limiter.len(), 1);
-    assert_eq!(limiter.remaining("c", 5.0), Some(3));
+    assert_eq!(limiter.remaining("c", 5.0), Ok(3));
     assert_eq!(limiter.sweep(6.0), 1);
     assert!(limiter.is_empty());
 }
@@ -123,8 +123,8 @@ fn at_the_cap_new_keys_are_denied_and_existing_keys_unaffected() {
         for i in (0..100u64).step_by(7) {
             let key = api_key(i);
             assert_eq!(
-                capped.check(key.as_str(), t, 1),
-                free.check(key.as_str(), t, 1)
+                capped.check(key.as_str(), t, 1).map(|d| d.remaining()),
+                free.check(key.as_str(), t, 1).map(|d| d.remaining())
             );
         }
     }
@@ -225,8 +225,10 @@ proptest! {
             let t = now_us as f64 / 1e6;
             let key = format!("k{}", call.key);
             prop_assert_eq!(
-                on.check(key.as_str(), t, u64::from(call.cost)),
+                on.check(key.as_str(), t, u64::from(call.cost))
+                    .map(|d| d.remaining()),
                 off.check(key.as_str(), t, u64::from(call.cost))
+                    .map(|d| d.remaining())
             );
             if i % sweep_every == 0 {
                 on.sweep(t);
@@ -315,8 +317,12 @@ fn sweep_steps_racing_calls_change_no_decision() {
         let key = api_key(j % 97);
         let cost = j % 3;
         let t = now_us as f64 / 1e6;
-        let got = limiter.check(key.as_str(), t, cost);
-        assert_eq!(got, quiet.check(key.as_str(), t, cost), "call {j} on {key}");
+        let got = limiter.check(key.as_str(), t, cost).map(|d| d.remaining());
+        assert_eq!(
+            got,
+            quiet.check(key.as_str(), t, cost).map(|d| d.remaining()),
+            "call {j} on {key}"
+        );
         admitted += usize::from(got.is_ok());
     }
     done.store(true, Relaxed);

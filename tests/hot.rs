@@ -6,7 +6,7 @@
 mod common;
 
 use common::model::{as_secs, Model, Outcome};
-use keyrate::{Denial, Quota, TokenBucketLimiter};
+use keyrate::{Decision, Denial, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -15,9 +15,11 @@ use std::thread;
 /// calls on one bucket).
 const HOT_CALLS: usize = 300;
 
-fn outcome(result: Result<u64, Denial>) -> Outcome {
+fn outcome(result: Result<Decision, Denial>) -> Outcome {
     match result {
-        Ok(remaining) => Outcome::Admitted { remaining },
+        Ok(decision) => Outcome::Admitted {
+            remaining: decision.remaining(),
+        },
         Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
             retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
         },
@@ -45,14 +47,14 @@ fn a_cached_bucket_is_swept_like_any_other() {
         })
     };
     cached.wait();
-    assert_eq!(limiter.remaining("hot", 0.0), Some(1000 - HOT_CALLS as u64));
+    assert_eq!(limiter.remaining("hot", 0.0), Ok(1000 - HOT_CALLS as u64));
     // Full again at 1e6 s: swept although the worker caches it.
     assert_eq!(limiter.sweep(1e6), 1);
     assert!(limiter.is_empty());
     swept.wait();
     assert_eq!(worker.join().unwrap(), 1000);
     assert_eq!(limiter.len(), 1);
-    assert_eq!(limiter.remaining("hot", 1e6), Some(0));
+    assert_eq!(limiter.remaining("hot", 1e6), Ok(0));
 }
 
 #[test]
@@ -146,7 +148,7 @@ fn three_paths_on_one_key(with_handles: bool) {
     let workers: Vec<_> = (0..3).map(spawn).collect();
     let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     assert_eq!(admitted, CAPACITY);
-    assert_eq!(limiter.remaining("hot", 5.0), Some(0));
+    assert_eq!(limiter.remaining("hot", 5.0), Ok(0));
 }
 
 #[test]
@@ -229,7 +231,7 @@ proptest! {
         }
         let (secs, seen) = as_secs(now);
         for key in keys {
-            prop_assert_eq!(limiter.remaining(key, secs), Some(model.remaining(key, seen)));
+            prop_assert_eq!(limiter.remaining(key, secs), Ok(model.remaining(key, seen)));
         }
     }
 }

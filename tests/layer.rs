@@ -15,7 +15,14 @@ use tower::{service_fn, Layer, Service, ServiceExt};
 /// The inner service: counts its calls, answers 200 "ok".
 fn inner(
     calls: &Arc<AtomicUsize>,
-) -> impl Service<Request<()>, Response = Response<String>, Error = Infallible> + Clone {
+) -> impl Service<
+    Request<()>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<String>, Infallible>> + Send,
+> + Clone
+       + Send
+       + 'static {
     let calls = Arc::clone(calls);
     service_fn(move |_request: Request<()>| {
         calls.fetch_add(1, Relaxed);
@@ -195,11 +202,10 @@ async fn every_clone_and_every_layered_service_share_one_limiter() {
     let layer = RateLimitLayer::new(Arc::clone(&limiter), bearer_token);
     let first = layer.layer(inner(&calls));
     let second = layer.clone().layer(inner(&calls));
-    // Layered services and their clones hold the limiter by reference
-    // count: 1 here, 1 in the layer, 1 in each layered service's shared
-    // part (clones of a service add none).
+    // The layer, its clones, the services it made and their clones share
+    // one part that holds the limiter: 1 reference here, 1 there.
     let clones: Vec<_> = (0..3).map(|_| first.clone()).collect();
-    assert_eq!(Arc::strong_count(&limiter), 4);
+    assert_eq!(Arc::strong_count(&limiter), 2);
 
     let mut services: Vec<_> = clones.into_iter().chain([first, second]).collect();
     let mut admitted = 0;
@@ -248,7 +254,7 @@ fn layer_and_service_are_send_and_sync() {
     send_sync(&layer);
     assert!(format!("{layer:?}").starts_with("RateLimitLayer"));
     let calls = Arc::new(AtomicUsize::new(0));
-    let service: RateLimitService<_, _> = layer.layer(inner(&calls));
+    let service: RateLimitService<_, _, _> = layer.layer(inner(&calls));
     send_sync(&service);
 }
 
@@ -274,4 +280,69 @@ async fn a_full_limiter_answers_503_for_new_keys_only() {
         StatusCode::OK
     );
     assert_eq!(calls.load(Relaxed), 2);
+}
+
+/// A backend that can never decide: what the layer sees of Redis down
+/// under a fail-closed policy.
+#[derive(Debug)]
+struct Down;
+
+#[derive(Debug)]
+struct Unreachable;
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("backend unreachable")
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+impl keyrate::Refusal for Unreachable {
+    fn denial(&self) -> Option<&keyrate::Denial> {
+        None
+    }
+}
+
+impl keyrate::AsyncLimiter<String> for Down {
+    type Error = Unreachable;
+
+    fn quota(&self) -> keyrate::Quota {
+        keyrate::Quota::new(1.0, 5).unwrap()
+    }
+
+    async fn check_under(
+        &self,
+        _: &String,
+        _: keyrate::At,
+        _: u64,
+        _: &keyrate::Quota,
+    ) -> Result<keyrate::Decision, Unreachable> {
+        Err(Unreachable)
+    }
+
+    async fn remaining_under(
+        &self,
+        _: &String,
+        _: keyrate::At,
+        _: &keyrate::Quota,
+    ) -> Result<u64, Unreachable> {
+        Err(Unreachable)
+    }
+}
+
+#[tokio::test]
+async fn a_backend_that_cannot_decide_gets_503_and_the_inner_service_is_not_called() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = RateLimitLayer::new(Arc::new(Down), bearer_token);
+    let mut service = layer.layer(inner(&calls));
+    let response = call(&mut service, bearer("alice")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(header(&response, "retry-after").is_none());
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"default\";q=5;w=5")
+    );
+    assert_eq!(calls.load(Relaxed), 0);
+    assert_eq!(layer.responses().unavailable, 1);
 }

@@ -8,13 +8,24 @@
 
 mod redis_support;
 
-use keyrate::{Denial, Quota, RedisLimiter};
+use keyrate::{AsyncLimiter, Decision, Denial, Now, Quota, RedisDenial, RedisLimiter, Refusal};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{unique_prefix, url, TEST_TIMEOUT};
 use std::time::{Duration, Instant};
 
 const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
+
+/// Redis's answer to a check: the tokens left, or the denial; a Redis
+/// error fails the test.
+fn decided(answer: Result<Decision, RedisDenial>) -> Result<u64, Denial> {
+    match answer {
+        Ok(decision) => Ok(decision.remaining()),
+        Err(err) => Err(*err
+            .denial()
+            .unwrap_or_else(|| panic!("Redis answers: {err}"))),
+    }
+}
 
 /// `n` limiters over their own connections, sharing `prefix`, with the
 /// mirror of `capacity` bounds (0: off).
@@ -72,14 +83,8 @@ async fn differential(
         };
         let at = Duration::from_nanos(now);
         let key = format!("k{key}");
-        let want = plain[i]
-            .check_at(&key, at, cost)
-            .await
-            .expect("Redis answers");
-        let got = mirrored[i]
-            .check_at(&key, at, cost)
-            .await
-            .expect("Redis answers");
+        let want = decided(plain[i].check(&key, at, cost).await);
+        let got = decided(mirrored[i].check(&key, at, cost).await);
         match (got, want) {
             (
                 Err(Denial::InsufficientTokens { retry_after: local }),
@@ -152,15 +157,15 @@ async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
     let prefix = unique_prefix("mirror_now");
     let mirrored = limiters(&url, slow, &prefix, 1, 1024).await.remove(0);
     let other = limiters(&url, slow, &prefix, 1, 0).await.remove(0);
-    assert_eq!(mirrored.check_now("k", 1).await.unwrap(), Ok(2));
+    assert_eq!(decided(mirrored.check("k", Now, 1).await), Ok(2));
     // Another process spends behind the mirror's back: its bound is stale
     // (too low), so it asks Redis, which denies, and learns the word.
-    assert_eq!(other.check_now("k", 2).await.unwrap(), Ok(0));
-    assert!(mirrored.check_now("k", 1).await.unwrap().is_err());
+    assert_eq!(decided(other.check("k", Now, 2).await), Ok(0));
+    assert!(decided(mirrored.check("k", Now, 1).await).is_err());
     for _ in 0..100 {
-        let denial = mirrored.check_now("k", 1).await.unwrap().unwrap_err();
+        let denial = decided(mirrored.check("k", Now, 1).await).unwrap_err();
         assert!(denial.retry_after().unwrap() > Duration::from_secs(1000));
-        assert_eq!(other.remaining_now("k").await.unwrap(), 0, "Redis agrees");
+        assert_eq!(other.remaining("k", Now).await.unwrap(), 0, "Redis agrees");
     }
 
     // A fast quota hammered from two tasks for a while: the mirrored
@@ -178,7 +183,7 @@ async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
             let mut admitted = 0u64;
             let until = Instant::now() + Duration::from_millis(300);
             while Instant::now() < until {
-                if limiter.check_now("hot", 1).await.unwrap().is_ok() {
+                if decided(limiter.check("hot", Now, 1).await).is_ok() {
                     admitted += 1;
                 }
             }

@@ -7,12 +7,11 @@ mod common;
 
 use common::model::{as_secs, Model};
 use common::plans::{Outcome, Plan, PlanModel};
-use keyrate::{Denial, ManualClock, Quota, TokenBucketLimiter};
+use keyrate::{Decision, Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Plans with whole and fractional intervals, small and large bursts.
 const PLANS: &[Plan] = &[
@@ -47,9 +46,11 @@ fn quota(plan: &Plan) -> Quota {
     Quota::new(plan.rate(), plan.capacity).unwrap()
 }
 
-fn outcome(result: Result<u64, Denial>) -> Outcome {
+fn outcome(result: Result<Decision, Denial>) -> Outcome {
     match result {
-        Ok(remaining) => Outcome::Admitted { remaining },
+        Ok(decision) => Outcome::Admitted {
+            remaining: decision.remaining(),
+        },
         Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
             retry_ns: retry_after.as_nanos() as u64,
         },
@@ -119,25 +120,25 @@ proptest! {
             clock.set(Duration::from_nanos(now));
             let key = keys[op.key];
             let got = match op.how {
-                0 => limiter.under(&q).check_now(key, op.cost),
-                1 => handles[op.key].under(&q).check_now(op.cost),
+                0 => limiter.under(&q).check(key, Now, op.cost),
+                1 => handles[op.key].under(&q).check(&(), Now, op.cost),
                 2 => {
                     limiter.set_quota(q);
-                    limiter.check_now(key, op.cost)
+                    limiter.check(key, Now, op.cost)
                 }
                 _ => {
                     limiter.set_quota(q);
-                    handles[op.key].check_now(op.cost)
+                    handles[op.key].check(Now, op.cost)
                 }
             };
             let want = model.call(key, now, op.cost, plan);
             prop_assert_eq!(outcome(got), want, "{:?} at {}", op, now);
             prop_assert_eq!(
-                limiter.under(&q).remaining_now(key),
-                Some(model.remaining(key, now, plan))
+                limiter.under(&q).remaining(key, Now),
+                Ok(model.remaining(key, now, plan))
             );
             if op.sweep {
-                limiter.sweep_now();
+                limiter.sweep(Now);
             }
         }
     }
@@ -152,25 +153,37 @@ fn an_upgrade_and_a_downgrade() {
     assert_eq!((0..9).filter(|_| limiter.allow("k", 0.0)).count(), 5);
     // At 2 s it holds 2 of 5 (3 s missing). Upgraded, the same 3 s missing
     // is 60 of the pro plan's 100 tokens: it holds 40, refilled at 20/s.
-    assert_eq!(limiter.remaining("k", 2.0), Some(2));
-    assert_eq!(limiter.under(&pro).remaining("k", 2.0), Some(40));
-    assert_eq!(limiter.under(&pro).check("k", 2.0, 40), Ok(0));
+    assert_eq!(limiter.remaining("k", 2.0), Ok(2));
+    assert_eq!(limiter.under(&pro).remaining("k", 2.0), Ok(40));
+    assert_eq!(
+        limiter
+            .under(&pro)
+            .check("k", 2.0, 40)
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
     assert!(!limiter.under(&pro).allow("k", 2.0));
     assert!(limiter.under(&pro).allow("k", 2.05));
     // Now 5 s missing at 2.05 s (full at 7.05 s). Downgraded to free, that
     // is all 5 tokens missing: nothing until 3.05 s, one token a second.
-    assert_eq!(limiter.remaining("k", 2.05), Some(0));
+    assert_eq!(limiter.remaining("k", 2.05), Ok(0));
     assert_eq!(
         limiter.check("k", 2.05, 1),
         Err(Denial::InsufficientTokens {
             retry_after: Duration::from_secs(1)
         })
     );
-    assert_eq!(limiter.remaining("k", 7.05), Some(5));
+    assert_eq!(limiter.remaining("k", 7.05), Ok(5));
     // A downgrade that leaves more missing than the new bucket holds is a
     // debt: the enterprise key below misses 10 s, the free plan holds 5 s.
     let enterprise = Quota::new(100.0, 1000).unwrap();
-    assert_eq!(limiter.under(&enterprise).check("e", 0.0, 1000), Ok(0));
+    assert_eq!(
+        limiter
+            .under(&enterprise)
+            .check("e", 0.0, 1000)
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
     assert_eq!(
         limiter.check("e", 0.0, 1).unwrap_err().retry_after(),
         Some(Duration::from_secs(6))
@@ -185,11 +198,11 @@ fn a_bucket_full_under_one_quota_is_evicted_under_any() {
     // Under the default quota the bucket would be full after 1 s, but its
     // word says 100 s: the sweep keeps it until then.
     assert_eq!(limiter.sweep(50.0), 0);
-    assert_eq!(limiter.under(&slow).remaining("k", 50.0), Some(4));
+    assert_eq!(limiter.under(&slow).remaining("k", 50.0), Ok(4));
     // 50 s missing is 50 default tokens: a debt, nothing held.
-    assert_eq!(limiter.remaining("k", 50.0), Some(0));
+    assert_eq!(limiter.remaining("k", 50.0), Ok(0));
     assert_eq!(limiter.sweep(100.0), 1);
-    assert_eq!(limiter.remaining("k", 100.0), Some(5));
+    assert_eq!(limiter.remaining("k", 100.0), Ok(5));
 }
 
 #[test]
@@ -200,80 +213,199 @@ fn invalid_quotas_never_reach_a_call() {
     assert!(Quota::new(3e8, 1).is_err());
 }
 
-/// One thread changes the default quota while others spend from one key:
-/// within each phase, over every span, admitted cost stays within the
-/// phase's `capacity + rate * span` (checked exactly), and the spenders are
-/// admitted close to it, so a change that did not take effect, or a rule
-/// that over-admits, would show.
+/// Threads spending from one key while another changes the default quota.
+const SPENDERS: usize = 2;
+/// Calls made wholly within a phase before it may end: 20 s of timestamps.
+const PHASE_CALLS: u64 = 20_000;
+/// Each call 1 ms after the one before.
+const STEP_NS: u64 = 1_000_000;
+
+/// What the spenders and the thread that changes the quota share.
+struct Hammer {
+    limiter: TokenBucketLimiter,
+    /// `2 * k` while phase `k` is stable; odd while a change is under way.
+    phase: AtomicU64,
+    /// The next call's timestamp, in ns.
+    ticket: AtomicU64,
+    /// Per phase: calls made wholly within it.
+    calls: Vec<AtomicU64>,
+    /// Per phase: a spender was denied after being admitted in it, so the
+    /// phase spent its bucket down to its bound.
+    bound: Vec<AtomicBool>,
+    /// Tells the spenders to stop.
+    done: AtomicBool,
+    /// A spender panicked.
+    failed: AtomicBool,
+}
+
+/// Stops the spenders when dropped: when the changing thread is done, and
+/// when it panics, so that a failure never leaves them spinning.
+struct StopOnDrop<'a>(&'a Hammer);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.done.store(true, SeqCst);
+    }
+}
+
+/// Marks the hammer failed when a spender panics, so that the changing
+/// thread stops waiting for it.
+struct FailOnPanic<'a>(&'a Hammer);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.0.failed.store(true, SeqCst);
+        }
+    }
+}
+
+/// One spender: calls as fast as it can, each at the next ticket, and
+/// keeps the calls made wholly within one phase as `(phase, t, quota the
+/// call was decided under or its denial)`.
+fn spend(hammer: &Hammer) -> Vec<(usize, u64, Result<Quota, Denial>)> {
+    let _fail = FailOnPanic(hammer);
+    let mut seen = Vec::new();
+    let mut admitted_in = None;
+    while !hammer.done.load(SeqCst) {
+        let p1 = hammer.phase.load(SeqCst);
+        let (secs, t) = as_secs(hammer.ticket.fetch_add(STEP_NS, SeqCst));
+        let decided = hammer.limiter.check("k", secs, 1);
+        let p2 = hammer.phase.load(SeqCst);
+        if p1 == p2 && p1 % 2 == 0 {
+            let k = (p1 / 2) as usize;
+            if decided.is_ok() {
+                admitted_in = Some(k);
+            } else if admitted_in == Some(k) {
+                hammer.bound[k].store(true, SeqCst);
+            }
+            hammer.calls[k].fetch_add(1, SeqCst);
+            seen.push((k, t, decided.map(|d| d.quota())));
+        }
+    }
+    seen
+}
+
+/// Waits until phase `k` has lasted `PHASE_CALLS` calls and spent its
+/// bucket down to its bound; fails at once if a spender panicked, if the
+/// phase goes on far longer without reaching its bound, or if no call at
+/// all is made for a minute (a spender stuck in a call).
+fn wait_for_bound(hammer: &Hammer, k: usize) {
+    let mut last = (hammer.ticket.load(SeqCst), Instant::now());
+    loop {
+        let calls = hammer.calls[k].load(SeqCst);
+        if calls >= PHASE_CALLS && hammer.bound[k].load(SeqCst) {
+            return;
+        }
+        assert!(!hammer.failed.load(SeqCst), "phase {k}: a spender panicked");
+        assert!(
+            calls < 50 * PHASE_CALLS,
+            "phase {k}: {calls} calls and the bucket never reached its bound"
+        );
+        let ticket = hammer.ticket.load(SeqCst);
+        if ticket != last.0 {
+            last = (ticket, Instant::now());
+        }
+        assert!(
+            last.1.elapsed() < Duration::from_secs(60),
+            "phase {k}: no call for a minute"
+        );
+        thread::yield_now();
+    }
+}
+
+/// One thread changes the default quota while others spend from one key.
+/// A phase ends only once its spenders have hammered its bucket down to
+/// its bound, so every phase is exercised whatever the scheduling. In
+/// each phase:
+/// - every call admitted wholly within it was decided under its quota
+///   (the change took effect), and every denial was for lack of tokens;
+/// - over every span, admitted cost stays within the phase's
+///   `capacity + rate * span` (checked exactly);
+/// - the spenders are admitted close to that bound (see below), so a
+///   change that did not take effect would show there too.
 #[test]
 fn set_quota_while_threads_spend_keeps_each_phase_within_its_bound() {
-    const PHASES: u64 = 24;
-    const PHASE_NS: u64 = 20_000_000_000; // 20 s of timestamps a phase
-    const STEP_NS: u64 = 1_000_000; // each call 1 ms after the one before
+    const PHASES: usize = 24;
     let plans = [PLANS[0], PLANS[1], PLANS[2], PLANS[4]];
-    let limiter = Arc::new(TokenBucketLimiter::with_quota(quota(&plans[0])));
-    // Even: stable in phase / 2; odd: a change is under way.
-    let phase = Arc::new(AtomicU64::new(0));
-    // The next call's timestamp, in ns.
-    let ticket = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let spenders: Vec<_> = (0..2)
-        .map(|_| {
-            let (limiter, phase, ticket, done) =
-                (limiter.clone(), phase.clone(), ticket.clone(), done.clone());
-            thread::spawn(move || {
-                let mut seen = Vec::new(); // (phase, t, admitted)
-                while !done.load(SeqCst) {
-                    let p1 = phase.load(SeqCst);
-                    let (secs, t) = as_secs(ticket.fetch_add(STEP_NS, SeqCst));
-                    let admitted = limiter.allow("k", secs);
-                    let p2 = phase.load(SeqCst);
-                    if p1 == p2 && p1 % 2 == 0 {
-                        seen.push((p1 / 2, t, admitted));
-                    }
-                }
-                seen
-            })
-        })
-        .collect();
-    for p in 1..=PHASES {
-        while ticket.load(SeqCst) < p * PHASE_NS {
-            thread::yield_now();
-        }
-        if p < PHASES {
-            phase.store(2 * p - 1, SeqCst);
-            limiter.set_quota(quota(&plans[p as usize % plans.len()]));
-            phase.store(2 * p, SeqCst);
-        }
-    }
-    done.store(true, SeqCst);
-    let mut calls: Vec<(u64, u64, bool)> = spenders
-        .into_iter()
-        .flat_map(|s| s.join().unwrap())
-        .collect();
-    calls.sort_by_key(|&(_, t, _)| t);
-    let mut near = 0;
-    for p in 0..PHASES {
-        let plan = plans[p as usize % plans.len()];
-        let admitted: Vec<(u64, u64)> = calls
-            .iter()
-            .filter(|&&(q, _, ok)| q == p && ok)
-            .map(|&(_, t, _)| (t, 1))
+    let plan_of = |k: usize| plans[k % plans.len()];
+    let hammer = Hammer {
+        limiter: TokenBucketLimiter::with_quota(quota(&plan_of(0))),
+        phase: AtomicU64::new(0),
+        ticket: AtomicU64::new(0),
+        calls: (0..PHASES).map(|_| AtomicU64::new(0)).collect(),
+        bound: (0..PHASES).map(|_| AtomicBool::new(false)).collect(),
+        done: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+    };
+    let mut calls: Vec<(usize, u64, Result<Quota, Denial>)> = thread::scope(|scope| {
+        let spenders: Vec<_> = (0..SPENDERS)
+            .map(|_| scope.spawn(|| spend(&hammer)))
             .collect();
-        let exact = Model::exact(plan.num, plan.den, plan.capacity);
-        assert!(exact.within_budget(&admitted), "phase {p}: over budget");
-        if let (Some(first), Some(last)) = (admitted.first(), admitted.last()) {
-            let refill = plan.rate() * (last.0 - first.0) as f64 / 1e9;
-            if admitted.len() as f64 >= 0.9 * refill - 2.0 {
-                near += 1;
+        let stop = StopOnDrop(&hammer);
+        for k in 0..PHASES {
+            wait_for_bound(&hammer, k);
+            if k + 1 < PHASES {
+                hammer.phase.store(2 * k as u64 + 1, SeqCst);
+                hammer.limiter.set_quota(quota(&plan_of(k + 1)));
+                hammer.phase.store(2 * k as u64 + 2, SeqCst);
             }
         }
+        drop(stop);
+        spenders
+            .into_iter()
+            .flat_map(|s| s.join().unwrap())
+            .collect()
+    });
+    calls.sort_by_key(|&(_, t, _)| t);
+    for k in 0..PHASES {
+        let plan = plan_of(k);
+        let q = quota(&plan);
+        let phase: Vec<_> = calls.iter().filter(|&&(p, ..)| p == k).collect();
+        for (_, t, decided) in &phase {
+            match decided {
+                Ok(used) => assert_eq!(
+                    *used, q,
+                    "phase {k}: at {t} ns, decided under another quota"
+                ),
+                Err(Denial::InsufficientTokens { .. }) => {}
+                Err(other) => panic!("phase {k}: at {t} ns, unexpected {other:?}"),
+            }
+        }
+        let admitted: Vec<(u64, u64)> = phase
+            .iter()
+            .filter(|(.., decided)| decided.is_ok())
+            .map(|&&(_, t, _)| (t, 1))
+            .collect();
+        let exact = Model::exact(plan.num, plan.den, plan.capacity);
+        assert!(exact.within_budget(&admitted), "phase {k}: over budget");
+        // Close to the bound. The bucket's word (the instant it is full
+        // again) grows by one interval per admitted call; after the first
+        // admission at `first` it is at most `first + capacity * interval`,
+        // and after the phase's last call at `end`, admitted or denied, at
+        // least `end + interval`; calls come every 1 ms, far more often
+        // than an interval, so the bucket never fills in between. The
+        // calls that spent without being kept (each spender's one call
+        // straddling each end of the phase, the first one perhaps under
+        // the previous quota) account for the rest. Whatever the
+        // scheduling, then:
+        //   admitted * interval + (capacity + SPENDERS) * interval
+        //     + SPENDERS * max(interval, previous interval) >= end - first.
+        let interval = q.interval().as_nanos() as u64;
+        let previous = if k == 0 {
+            interval
+        } else {
+            quota(&plan_of(k - 1)).interval().as_nanos() as u64
+        };
+        let first = admitted.first().expect("a phase ends after an admission").0;
+        let end = phase.last().expect("a phase has calls").1;
+        let slack =
+            (plan.capacity + SPENDERS as u64) * interval + SPENDERS as u64 * previous.max(interval);
+        assert!(
+            admitted.len() as u64 * interval + slack >= end - first,
+            "phase {k}: {} admitted in {} ns at one per {interval} ns",
+            admitted.len(),
+            end - first
+        );
     }
-    // Most phases, not all: a spender preempted between taking its ticket
-    // and calling arrives late with an early timestamp, which a busy
-    // machine turns into a denial (never an admission too many).
-    assert!(
-        near >= PHASES / 3,
-        "only {near} phases were hammered to their bound"
-    );
 }

@@ -12,8 +12,9 @@ mod redis_support;
 
 use common::model::{Model, Outcome};
 use keyrate::{
-    BlockingRedisLimiter, Denial, FailurePolicy, Quota, RedisErrorKind, RedisLimiter,
-    RedisLimiterError, TokenBucketLimiter, MAX_TIMESTAMP_NANOS,
+    AsyncLimiter, BlockingRedisLimiter, Decision, Denial, FailurePolicy, Limiter, Now, Quota,
+    RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, Refusal, TokenBucketLimiter,
+    MAX_TIMESTAMP_NANOS,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -38,9 +39,27 @@ async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
 }
 
-/// Unwraps Redis's answer, failing the test on a Redis error.
-fn decided(answer: Result<Result<u64, Denial>, RedisLimiterError>) -> Result<u64, Denial> {
-    answer.unwrap_or_else(|err| panic!("Redis failed: {err}"))
+/// Redis's answer, failing the test on a Redis error.
+fn answered<T>(answer: Result<T, RedisDenial>) -> Result<T, Denial> {
+    answer.map_err(|err| {
+        *err.denial()
+            .unwrap_or_else(|| panic!("Redis failed: {err}"))
+    })
+}
+
+/// Redis's answer to a check: the tokens left, or the denial; a Redis
+/// error fails the test.
+fn decided(answer: Result<Decision, RedisDenial>) -> Result<u64, Denial> {
+    answered(answer).map(|decision| decision.remaining())
+}
+
+/// The Redis failure a fail-closed call answers; anything else fails the
+/// test.
+fn failure<T: std::fmt::Debug>(answer: Result<T, RedisDenial>) -> RedisLimiterError {
+    match answer {
+        Err(RedisDenial::Failed(err)) => err,
+        other => panic!("expected a Redis failure, got {other:?}"),
+    }
 }
 
 #[test]
@@ -49,6 +68,7 @@ fn public_types_are_send_sync_debug() {
     check::<RedisLimiter>();
     check::<BlockingRedisLimiter>();
     check::<RedisLimiterError>();
+    check::<RedisDenial>();
     check::<FailurePolicy>();
     check::<RedisErrorKind>();
 }
@@ -62,7 +82,7 @@ async fn nanosecond_exact_at_unix_epoch_scale() {
     let key = l.bucket_key("k");
     let t = Duration::from_nanos(EPOCH_UNIX + 123_456_789);
     for left in [2, 1, 0] {
-        assert_eq!(decided(l.check_at("k", t, 1).await), Ok(left));
+        assert_eq!(decided(l.check("k", t, 1).await), Ok(left));
     }
     // The stored word is full_at in ns, exactly: beyond 2^53, where a Lua
     // double would have rounded it.
@@ -72,14 +92,14 @@ async fn nanosecond_exact_at_unix_epoch_scale() {
     // One token is back exactly 1 s later, not 1 ns sooner.
     let almost = t + Duration::from_nanos(SEC - 1);
     assert_eq!(
-        decided(l.check_at("k", almost, 1).await),
+        decided(l.check("k", almost, 1).await),
         Err(Denial::InsufficientTokens {
             retry_after: Duration::from_nanos(1)
         })
     );
     assert_eq!(get(&mut conn, &key).await, Some(full_at.to_string()));
     assert_eq!(
-        decided(l.check_at("k", t + Duration::from_secs(1), 1).await),
+        decided(l.check("k", t + Duration::from_secs(1), 1).await),
         Ok(0)
     );
     assert_eq!(
@@ -89,7 +109,7 @@ async fn nanosecond_exact_at_unix_epoch_scale() {
     // A timestamp past the range is a plain denial.
     let past = Duration::from_nanos(MAX_TIMESTAMP_NANOS) + Duration::from_nanos(1);
     assert_eq!(
-        decided(l.check_at("k", past, 1).await),
+        decided(l.check("k", past, 1).await),
         Err(Denial::InvalidTimestamp)
     );
 }
@@ -116,7 +136,7 @@ async fn extreme_quotas_agree_with_memory() {
             // f64 seconds, as the in-memory API takes them; both round alike.
             let secs = ns as f64 / 1e9;
             for cost in [1, capacity / 2, capacity, 0] {
-                let want = memory.check("k", secs, cost);
+                let want = memory.check("k", secs, cost).map(|d| d.remaining());
                 assert_eq!(
                     decided(l.check("k", secs, cost).await),
                     want,
@@ -124,7 +144,7 @@ async fn extreme_quotas_agree_with_memory() {
                 );
             }
             assert_eq!(
-                l.remaining("k", secs).await.unwrap(),
+                answered(l.remaining("k", secs).await),
                 memory.remaining("k", secs)
             );
         }
@@ -139,7 +159,7 @@ async fn extreme_quotas_agree_with_memory() {
 
 type Trace = ((u64, u64), u64, Vec<(u64, u64)>);
 
-/// Nanosecond-exact traces at Unix scale, through `check_at`.
+/// Nanosecond-exact traces at Unix scale, through `check` at a `Duration`.
 fn trace() -> impl Strategy<Value = Trace> {
     let rates = [
         (1u64, 1u64),
@@ -167,7 +187,7 @@ async fn run_unix_trace(l: RedisLimiter, trace: Trace) -> Result<(), TestCaseErr
             2 => (step / 4) % interval,
             _ => (step / 4) % (3 * interval),
         };
-        let got = match decided(l.check_at("k", Duration::from_nanos(now), cost).await) {
+        let got = match decided(l.check("k", Duration::from_nanos(now), cost).await) {
             Ok(remaining) => Outcome::Admitted { remaining },
             Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
                 retry_ns: retry_after.as_nanos() as u64,
@@ -264,14 +284,14 @@ async fn idle_keys_vanish_when_full() {
     let l = l.with_min_ttl(Duration::ZERO);
     let mut conn = raw(&url().unwrap()).await;
     let key = l.bucket_key("k");
-    assert!(l.allow_n_now("k", 2).await);
+    assert!(l.allow_n("k", Now, 2).await);
     // Full again 2 ms later (on Redis's clock): the key expires by itself.
     let deadline = Instant::now() + Duration::from_secs(10);
     while get(&mut conn, &key).await.is_some() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert_eq!(get(&mut conn, &key).await, None, "the idle key expired");
-    assert_eq!(l.remaining_now("k").await.unwrap(), 2);
+    assert_eq!(l.remaining("k", Now).await.unwrap(), 2);
 }
 
 #[tokio::test]
@@ -281,17 +301,17 @@ async fn redis_time_mode() {
         return;
     };
     let mut conn = raw(&url().unwrap()).await;
-    assert_eq!(l.remaining_now("k").await.unwrap(), 3);
-    assert_eq!(decided(l.check_now("k", 2).await), Ok(1));
-    assert!(l.allow_now("k").await);
-    assert!(!l.allow_now("k").await);
-    let denial = decided(l.check_now("k", 1).await).unwrap_err();
+    assert_eq!(l.remaining("k", Now).await.unwrap(), 3);
+    assert_eq!(decided(l.check("k", Now, 2).await), Ok(1));
+    assert!(l.allow("k", Now).await);
+    assert!(!l.allow("k", Now).await);
+    let denial = decided(l.check("k", Now, 1).await).unwrap_err();
     assert!(denial.retry_after().unwrap() > Duration::from_secs(1000));
     assert!(matches!(
-        decided(l.check_now("k", 4).await),
+        decided(l.check("k", Now, 4).await),
         Err(Denial::ExceedsCapacity { .. })
     ));
-    assert_eq!(l.remaining_now("k").await.unwrap(), 0);
+    assert_eq!(l.remaining("k", Now).await.unwrap(), 0);
     // The word is Unix time in ns from TIME, whose resolution is 1 us.
     let word: u64 = get(&mut conn, &l.bucket_key("k"))
         .await
@@ -335,18 +355,28 @@ async fn a_foreign_value_is_a_typed_script_error() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let err = l.check("k", 0.0, 1).await.unwrap_err();
+    // The policy (closed by default) answers inside `check`: the failure.
+    let err = failure(l.check("k", 0.0, 1).await);
     assert_eq!(err.kind(), RedisErrorKind::Script, "{err}");
     assert!(!l.allow("k", 0.0).await, "fail closed by default");
     let open = l.clone().with_failure_policy(FailurePolicy::Open);
     assert!(open.allow("k", 0.0).await, "fail open admits");
+    assert!(open.check("k", 0.0, 1).await.unwrap().is_degraded());
     assert_eq!(
         get(&mut conn, &key).await.as_deref(),
         Some("not a word"),
         "nothing written"
     );
-    // Cost 0 and remaining read the key too, and fail the same way.
-    assert!(l.remaining("k", 0.0).await.is_err());
+    // Cost 0 and remaining read the key too, and fail the same way
+    // (remaining under either policy: it admits nothing).
+    assert_eq!(
+        failure(l.remaining("k", 0.0).await).kind(),
+        RedisErrorKind::Script
+    );
+    assert_eq!(
+        failure(open.remaining("k", 0.0).await).kind(),
+        RedisErrorKind::Script
+    );
 }
 
 /// `n` limiters on the test server, each over its own connection, sharing
@@ -383,7 +413,7 @@ async fn concurrent_spends_admit_exactly_capacity() {
             let l = limiters[i % limiters.len()].clone();
             tasks.push(tokio::spawn(async move {
                 if server_time {
-                    l.check_now("hot", 1).await
+                    l.check("hot", Now, 1).await
                 } else {
                     l.check("hot", 42.0, 1).await
                 }
@@ -397,9 +427,9 @@ async fn concurrent_spends_admit_exactly_capacity() {
         }
         assert_eq!(admitted, CAPACITY, "server time: {server_time}");
         let left = if server_time {
-            limiters[0].remaining_now("hot").await.unwrap()
+            limiters[0].remaining("hot", Now).await.unwrap()
         } else {
-            limiters[0].remaining("hot", 42.0).await.unwrap().unwrap()
+            limiters[0].remaining("hot", 42.0).await.unwrap()
         };
         assert_eq!(left, 0);
     }
@@ -418,7 +448,7 @@ fn blocking_threads_admit_exactly_capacity() {
                 let (url, prefix) = (&url, &prefix);
                 scope.spawn(move || {
                     // Each thread its own limiter, so its own connection.
-                    let l = BlockingRedisLimiter::connect(url, quota(1.0, CAPACITY))
+                    let l = BlockingRedisLimiter::connect_blocking(url, quota(1.0, CAPACITY))
                         .unwrap()
                         .with_prefix(prefix.clone())
                         .with_min_ttl(Duration::from_secs(3600))
@@ -508,7 +538,7 @@ async fn server_killed_and_restarted() {
     let open = closed.clone().with_failure_policy(FailurePolicy::Open);
     assert_eq!(decided(closed.check("k", 0.0, 1).await), Ok(4));
     let blocking = tokio::task::block_in_place(|| {
-        BlockingRedisLimiter::connect(&url, quota(1.0, 5))
+        BlockingRedisLimiter::connect_blocking(&url, quota(1.0, 5))
             .expect("the fresh server answers")
             .with_timeout(Duration::from_millis(500))
             .with_min_ttl(Duration::from_secs(3600))
@@ -529,7 +559,7 @@ async fn server_killed_and_restarted() {
     // even failing open.
     assert!(matches!(
         open.check("m", 0.0, 1).await,
-        Ok(Err(Denial::InsufficientTokens { .. }))
+        Err(RedisDenial::Denied(Denial::InsufficientTokens { .. }))
     ));
     assert!(
         !open.allow("m", 0.0).await,
@@ -540,8 +570,8 @@ async fn server_killed_and_restarted() {
     let mut seen = None;
     while seen.is_none() && Instant::now() < deadline {
         match closed.check("k", 0.0, 1).await {
-            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            Err(err) => seen = Some(err.kind()),
+            Err(RedisDenial::Failed(err)) => seen = Some(err.kind()),
+            _ => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
     let kind = seen.expect("an error while the server is down");
@@ -551,9 +581,10 @@ async fn server_killed_and_restarted() {
     );
     assert!(!closed.allow("k", 0.0).await, "fail closed");
     assert!(open.allow("k", 0.0).await, "fail open");
+    assert!(open.check("k", 0.0, 1).await.unwrap().is_degraded());
     assert!(closed.remaining("k", 0.0).await.is_err());
     tokio::task::block_in_place(|| {
-        let err = blocking.check("b", 0.0, 1).unwrap_err();
+        let err = failure(blocking.check("b", 0.0, 1));
         assert!(
             matches!(
                 err.kind(),
@@ -571,8 +602,8 @@ async fn server_killed_and_restarted() {
     let mut back = None;
     while back.is_none() && Instant::now() < deadline {
         match closed.check("k", 0.0, 1).await {
-            Ok(decision) => back = Some(decision),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(RedisDenial::Failed(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+            answer => back = Some(decided(answer)),
         }
     }
     assert_eq!(back, Some(Ok(4)), "works again after the restart");
@@ -583,8 +614,8 @@ async fn server_killed_and_restarted() {
         let mut back = None;
         while back.is_none() && Instant::now() < deadline {
             match blocking.check("b", 0.0, 1) {
-                Ok(decision) => back = Some(decision),
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                Err(RedisDenial::Failed(_)) => std::thread::sleep(Duration::from_millis(50)),
+                answer => back = Some(decided(answer)),
             }
         }
         assert_eq!(back, Some(Ok(4)), "blocking works again after the restart");

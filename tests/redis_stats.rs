@@ -4,7 +4,7 @@
 
 mod redis_support;
 
-use keyrate::{BlockingRedisLimiter, FailurePolicy, Quota};
+use keyrate::{AsyncLimiter, BlockingRedisLimiter, FailurePolicy, Limiter, Quota};
 use redis_support::{limiter, raw, unique_prefix, url, TEST_TIMEOUT};
 
 #[tokio::test]
@@ -51,7 +51,7 @@ async fn async_decisions_are_counted_by_outcome() {
 #[test]
 fn blocking_decisions_and_failures_are_counted() {
     let Some(url) = url() else { return };
-    let limiter = BlockingRedisLimiter::connect(&url, Quota::new(1.0, 1).unwrap())
+    let limiter = BlockingRedisLimiter::connect_blocking(&url, Quota::new(1.0, 1).unwrap())
         .unwrap()
         .with_prefix(unique_prefix("stats_blocking"))
         .with_timeout(TEST_TIMEOUT);

@@ -2,7 +2,7 @@
 //! Waiting until a cost can be admitted: exact sleeps, the maximum wait,
 //! cancellation, contention; async on tokio's paused clock, and blocking.
 
-use keyrate::{Clock, Denial, ManualClock, TokenBucketLimiter};
+use keyrate::{AsyncLimiter, Clock, Denial, Limiter, ManualClock, Now, TokenBucketLimiter};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +45,16 @@ fn limiter(rate: f64, capacity: u64) -> (TokenBucketLimiter, TokioClock) {
 #[tokio::test(start_paused = true)]
 async fn sleeps_exactly_the_retry_after_once() {
     let (limiter, clock) = limiter(4.0, 2); // a token every 250 ms
-    assert_eq!(limiter.check_now("k", 2), Ok(0));
+    assert_eq!(limiter.check("k", Now, 2).map(|d| d.remaining()), Ok(0));
     let start = Instant::now();
     let reads = clock.reads();
-    assert_eq!(limiter.wait("k", 2, Duration::from_secs(10)).await, Ok(0));
+    assert_eq!(
+        limiter
+            .wait("k", 2, Duration::from_secs(10))
+            .await
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
     // One denial, one sleep of exactly the reported 500 ms, one admission.
     assert_eq!(start.elapsed(), Duration::from_millis(500));
     assert_eq!(clock.reads() - reads, 2);
@@ -58,7 +64,13 @@ async fn sleeps_exactly_the_retry_after_once() {
 async fn admits_at_once_without_sleeping() {
     let (limiter, clock) = limiter(1.0, 3);
     let start = Instant::now();
-    assert_eq!(limiter.wait("k", 2, Duration::ZERO).await, Ok(1));
+    assert_eq!(
+        limiter
+            .wait("k", 2, Duration::ZERO)
+            .await
+            .map(|d| d.remaining()),
+        Ok(1)
+    );
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(clock.reads(), 1);
 }
@@ -66,7 +78,7 @@ async fn admits_at_once_without_sleeping() {
 #[tokio::test(start_paused = true)]
 async fn returns_the_denial_at_once_when_the_wait_exceeds_max_wait() {
     let (limiter, _clock) = limiter(1.0, 1);
-    assert_eq!(limiter.check_now("k", 1), Ok(0));
+    assert_eq!(limiter.check("k", Now, 1).map(|d| d.remaining()), Ok(0));
     let start = Instant::now();
     let denial = limiter.wait("k", 1, Duration::from_millis(999)).await;
     assert_eq!(
@@ -77,7 +89,13 @@ async fn returns_the_denial_at_once_when_the_wait_exceeds_max_wait() {
     );
     assert_eq!(start.elapsed(), Duration::ZERO, "no pointless sleep");
     // A maximum wait that covers the retry-after is enough.
-    assert_eq!(limiter.wait("k", 1, Duration::from_secs(1)).await, Ok(0));
+    assert_eq!(
+        limiter
+            .wait("k", 1, Duration::from_secs(1))
+            .await
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -92,20 +110,23 @@ async fn never_waits_for_what_waiting_cannot_fix() {
         })
     );
     assert_eq!(
-        limiter.bucket("k").wait(3, Duration::from_secs(3600)).await,
+        limiter
+            .bucket("k")
+            .wait(&(), 3, Duration::from_secs(3600))
+            .await,
         Err(Denial::ExceedsCapacity {
             cost: 3,
             capacity: 2
         })
     );
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(limiter.remaining_now("k"), Some(2));
+    assert_eq!(limiter.remaining("k", Now), Ok(2));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_wait_spends_nothing() {
     let (limiter, _clock) = limiter(1.0, 2);
-    assert_eq!(limiter.check_now("k", 2), Ok(0));
+    assert_eq!(limiter.check("k", Now, 2).map(|d| d.remaining()), Ok(0));
     // The wait needs 2 s; abandon it after 1.5 s, in the middle of its sleep.
     let abandoned = tokio::time::timeout(
         Duration::from_millis(1500),
@@ -115,20 +136,23 @@ async fn a_dropped_wait_spends_nothing() {
     assert!(abandoned.is_err(), "the timeout fired first");
     tokio::time::advance(Duration::from_millis(500)).await;
     // 2 s after the spend the bucket holds 2 again: nothing was taken.
-    assert_eq!(limiter.remaining_now("k"), Some(2));
+    assert_eq!(limiter.remaining("k", Now), Ok(2));
     let handle = limiter.bucket("k");
-    assert_eq!(handle.check_now(2), Ok(0));
-    let abandoned =
-        tokio::time::timeout(Duration::from_millis(10), handle.wait(1, Duration::MAX)).await;
+    assert_eq!(handle.check(Now, 2).map(|d| d.remaining()), Ok(0));
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(10),
+        handle.wait(&(), 1, Duration::MAX),
+    )
+    .await;
     assert!(abandoned.is_err());
     tokio::time::advance(Duration::from_millis(990)).await;
-    assert_eq!(limiter.remaining_now("k"), Some(1));
+    assert_eq!(limiter.remaining("k", Now), Ok(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn waiters_share_refills_in_turn() {
     let (limiter, _clock) = limiter(1.0, 1);
-    assert_eq!(limiter.check_now("k", 1), Ok(0));
+    assert_eq!(limiter.check("k", Now, 1).map(|d| d.remaining()), Ok(0));
     let start = Instant::now();
     let waiter = || async {
         let result = limiter.wait("k", 1, Duration::from_secs(10)).await;
@@ -138,7 +162,7 @@ async fn waiters_share_refills_in_turn() {
     let mut finished: Vec<_> = [a, b, c]
         .into_iter()
         .map(|(result, at)| {
-            assert_eq!(result, Ok(0));
+            assert_eq!(result.map(|d| d.remaining()), Ok(0));
             at
         })
         .collect();
@@ -152,7 +176,7 @@ async fn waiters_share_refills_in_turn() {
 async fn gives_up_when_another_caller_took_the_refill() {
     let clock = ManualClock::new();
     let limiter = TokenBucketLimiter::new(1.0, 1).with_clock(clock.clone());
-    assert_eq!(limiter.check_now("k", 1), Ok(0));
+    assert_eq!(limiter.check("k", Now, 1).map(|d| d.remaining()), Ok(0));
     let start = Instant::now();
     // The patient caller may wait 1.5 s; it sleeps the reported 1 s.
     let patient = limiter.wait("k", 1, Duration::from_millis(1500));
@@ -160,7 +184,7 @@ async fn gives_up_when_another_caller_took_the_refill() {
     let thief = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         clock.advance(Duration::from_secs(1));
-        assert_eq!(limiter.check_now("k", 1), Ok(0));
+        assert_eq!(limiter.check("k", Now, 1).map(|d| d.remaining()), Ok(0));
     };
     let (patient, ()) = tokio::join!(patient, thief);
     // On waking it tries again, is told 1 s more, and with 0.5 s left it
@@ -178,10 +202,16 @@ async fn gives_up_when_another_caller_took_the_refill() {
 async fn handles_wait_on_the_shared_bucket() {
     let (limiter, clock) = limiter(10.0, 5); // a token every 100 ms
     let handle = limiter.bucket("k");
-    assert_eq!(limiter.check_now("k", 5), Ok(0));
+    assert_eq!(limiter.check("k", Now, 5).map(|d| d.remaining()), Ok(0));
     let start = Instant::now();
     let reads = clock.reads();
-    assert_eq!(handle.wait(3, Duration::from_secs(1)).await, Ok(0));
+    assert_eq!(
+        handle
+            .wait(&(), 3, Duration::from_secs(1))
+            .await
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
     assert_eq!(start.elapsed(), Duration::from_millis(300));
     assert_eq!(clock.reads() - reads, 2);
 }
@@ -197,29 +227,36 @@ fn wait_futures_are_send() {
         .build()
         .unwrap();
     let keyed = send(limiter.wait("k", 1, Duration::ZERO));
-    assert_eq!(runtime.block_on(keyed), Ok(0));
+    assert_eq!(runtime.block_on(keyed).map(|d| d.remaining()), Ok(0));
     let handle = limiter.bucket("k");
-    let handled = send(handle.wait(1, Duration::ZERO));
+    let handled = send(handle.wait(&(), 1, Duration::ZERO));
     assert!(runtime.block_on(handled).is_err());
 }
 
 #[test]
 fn blocking_wait_is_admitted_after_a_real_sleep() {
     let limiter = TokenBucketLimiter::new(1000.0, 2); // a token every ms
-    assert_eq!(limiter.check_now("k", 2), Ok(0));
+    assert_eq!(limiter.check("k", Now, 2).map(|d| d.remaining()), Ok(0));
     assert_eq!(
-        limiter.wait_blocking("k", 2, Duration::from_secs(10)),
+        limiter
+            .wait_blocking("k", 2, Duration::from_secs(10))
+            .map(|d| d.remaining()),
         Ok(0)
     );
     let handle = limiter.bucket("k");
-    assert_eq!(handle.wait_blocking(1, Duration::from_secs(10)), Ok(0));
+    assert_eq!(
+        handle
+            .wait_blocking(&(), 1, Duration::from_secs(10))
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
 }
 
 #[test]
 fn blocking_wait_returns_hopeless_denials_at_once() {
     let clock = ManualClock::new();
     let limiter = TokenBucketLimiter::new(0.001, 1).with_clock(clock.clone()); // 1000 s a token
-    assert_eq!(limiter.check_now("k", 1), Ok(0));
+    assert_eq!(limiter.check("k", Now, 1).map(|d| d.remaining()), Ok(0));
     // The next token is 1000 s away (on a clock that does not move): a
     // 1 s maximum wait returns the denial without sleeping at all.
     let denial = limiter.wait_blocking("k", 1, Duration::from_secs(1));
@@ -230,9 +267,14 @@ fn blocking_wait_returns_hopeless_denials_at_once() {
         })
     );
     assert!(matches!(
-        limiter.bucket("k").wait_blocking(2, Duration::MAX),
+        limiter.bucket("k").wait_blocking(&(), 2, Duration::MAX),
         Err(Denial::ExceedsCapacity { .. })
     ));
     clock.advance(Duration::from_secs(1000));
-    assert_eq!(limiter.wait_blocking("k", 1, Duration::ZERO), Ok(0));
+    assert_eq!(
+        limiter
+            .wait_blocking("k", 1, Duration::ZERO)
+            .map(|d| d.remaining()),
+        Ok(0)
+    );
 }

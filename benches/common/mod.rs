@@ -5,7 +5,7 @@
 //! Every competitor takes the caller's timestamp: none of them reads a clock.
 
 use dashmap::DashMap;
-use keyrate::{BucketHandle, TokenBucketLimiter};
+use keyrate::{BucketHandle, Limiter, TokenBucketLimiter};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::num::NonZeroU32;

@@ -57,7 +57,10 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer};
 use keyrate::prometheus::{Metrics, CONTENT_TYPE};
-use keyrate::{BucketHandle, Clock, ConfigError, Denial, Quota, TokenBucketLimiter};
+use keyrate::{
+    AsyncLimiter, BucketHandle, Clock, ConfigError, Decision, Denial, Limiter, Now, Quota,
+    TokenBucketLimiter,
+};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -417,7 +420,7 @@ impl Session {
         match request["type"].as_str() {
             Some("open") => {
                 let quota = self.app.plans.get(self.plan).connections;
-                let decision = self.connections.under(&quota).check_now(1);
+                let decision = Limiter::check(&self.connections.under(&quota), &(), Now, 1);
                 self.decide("connections", &context, 1, decision, |this, remaining| {
                     this.contexts.insert(context.clone());
                     json!({ "type": "context_opened", "context_id": context, "remaining": remaining })
@@ -428,7 +431,8 @@ impl Session {
                 let cost = text.chars().count() as u64;
                 let quota = self.app.plans.get(self.plan).synthesis;
                 let max_queue = self.app.limits.max_queue;
-                let decision = self.synthesis.under(&quota).wait(cost, max_queue).await;
+                let decision =
+                    AsyncLimiter::wait(&self.synthesis.under(&quota), &(), cost, max_queue).await;
                 self.decide("synthesis", &context, cost, decision, |_, remaining| {
                     json!({ "type": "audio", "context_id": context, "characters": cost, "remaining": remaining })
                 })
@@ -449,14 +453,14 @@ impl Session {
         budget: &str,
         context: &str,
         cost: u64,
-        decision: Result<u64, Denial>,
+        decision: Result<Decision, Denial>,
         admitted: impl FnOnce(&mut Self, u64) -> Value,
     ) -> Next {
         let retry_after = match decision {
-            Ok(remaining) => {
+            Ok(decision) => {
                 self.strikes = 0;
                 self.retry_at = None;
-                return Next::Reply(admitted(self, remaining));
+                return Next::Reply(admitted(self, decision.remaining()));
             }
             Err(Denial::InsufficientTokens { retry_after }) => retry_after,
             Err(Denial::ExceedsCapacity { capacity, .. }) => {

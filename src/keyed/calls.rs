@@ -30,7 +30,11 @@ fn decide_at(
 }
 
 /// The whole tokens a bucket whose word is `word()` holds at `now`.
-fn remaining_at(now: Option<u64>, quota: &Quota, word: impl FnOnce() -> u64) -> Result<u64, Denial> {
+fn remaining_at(
+    now: Option<u64>,
+    quota: &Quota,
+    word: impl FnOnce() -> u64,
+) -> Result<u64, Denial> {
     let now = now.ok_or(Denial::InvalidTimestamp)?;
     Ok(match word() {
         // Retired buckets are full by construction.

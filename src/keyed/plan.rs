@@ -66,4 +66,3 @@ impl BucketHandle {
         Under::new(self, *quota)
     }
 }
-

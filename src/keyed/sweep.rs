@@ -5,18 +5,18 @@ use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
 use crate::store::Cursor;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use crate::time::{nanos_from_duration, nanos_from_secs};
+use crate::time::At;
 use crossbeam_utils::CachePadded;
 use std::hash::{BuildHasher, Hash};
 
 /// # Housekeeping: eviction and memory
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// Removes every bucket that is full at `timestamp` and has no live
+    /// Removes every bucket that is full at `at` ([`Now`](crate::Now): the limiter's clock) and has no live
     /// [`BucketHandle`](crate::BucketHandle); returns how many were removed.
     ///
     /// A full bucket is indistinguishable from a key never seen, so this
-    /// changes no later decision made at or after `timestamp`. An invalid
-    /// timestamp removes nothing.
+    /// changes no later decision made at or after `at`. An invalid
+    /// instant removes nothing.
     ///
     /// # Locking behaviour
     ///
@@ -36,16 +36,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert_eq!(limiter.sweep(2.0), 1);
     /// assert!(limiter.is_empty());
     /// ```
-    pub fn sweep(&self, timestamp: f64) -> usize {
-        match nanos_from_secs(timestamp) {
-            Some(now) => self.sweep_nanos(now),
-            None => 0,
-        }
-    }
-
-    /// [`sweep`](Self::sweep) at the limiter's clock reading.
-    pub fn sweep_now(&self) -> usize {
-        match nanos_from_duration(self.clock.now()) {
+    pub fn sweep(&self, at: impl Into<At>) -> usize {
+        match at.into().nanos(&*self.clock) {
             Some(now) => self.sweep_nanos(now),
             None => 0,
         }

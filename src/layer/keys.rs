@@ -92,4 +92,3 @@ pub fn api_key_header(parts: &Parts) -> Option<String> {
 fn non_empty(token: &str) -> Option<String> {
     (!token.is_empty()).then(|| token.to_owned())
 }
-

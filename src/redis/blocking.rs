@@ -1,7 +1,7 @@
 //! The blocking twin of the async limiter: [`RedisLimiter`] over a plain
 //! connection, for threads that are not in an async runtime.
 
-use super::call::{Outcome, Step};
+use super::call::Outcome;
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
 use super::{RedisErrorKind, RedisLimiter};
@@ -96,11 +96,9 @@ impl RedisLimiter<BlockingConnection> {
     /// blocking connection. Calls on one blocking limiter already take
     /// turns on its connection: no coalescing.
     fn decide(&self, key: &str, at: At, cost: u64, quota: &Quota) -> Outcome {
-        let call = match self.settings.prepare(key, at, cost, quota, false) {
-            Step::Ask(call) => call,
-            Step::Denied(denial) => return Ok(Err(denial)),
-            // Only a coalescing call is told to wait, and this one is not.
-            Step::Wait(_) => unreachable!("prepare without coalescing never waits"),
+        let call = match self.settings.prepare(key, at, cost, quota) {
+            Ok(call) => call,
+            Err(denial) => return Ok(Err(denial)),
         };
         let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.open.lock();
@@ -134,7 +132,10 @@ impl RedisLimiter<BlockingConnection> {
 
     fn open(&self) -> Result<(Connection, Duration), RedisLimiterError> {
         let timeout = self.settings.timeout;
-        let connection = self.connection.client.get_connection_with_timeout(timeout)?;
+        let connection = self
+            .connection
+            .client
+            .get_connection_with_timeout(timeout)?;
         connection.set_read_timeout(Some(timeout))?;
         connection.set_write_timeout(Some(timeout))?;
         Ok((connection, timeout))

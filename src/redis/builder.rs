@@ -66,7 +66,7 @@ where
     /// # Examples
     ///
     /// ```
-    /// use keyrate::{Quota, RedisLimiter};
+    /// use keyrate::{AsyncLimiter, Quota, RedisLimiter};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -89,7 +89,6 @@ where
 
 /// # Settings, for the async and the blocking limiter alike
 impl<C> RedisLimiter<C> {
-
     /// Sets the prefix of every bucket's Redis key (default
     /// [`DEFAULT_REDIS_PREFIX`](crate::DEFAULT_REDIS_PREFIX)). On Redis Cluster a prefix such as
     /// `"{tenant7}:"` puts every bucket of the limiter in one hash slot.
@@ -185,7 +184,7 @@ impl<C> RedisLimiter<C> {
     /// With the caller's timestamps the decisions are exactly those of the
     /// mirror-off limiter (a local denial's `retry_after` is a lower bound
     /// of Redis's when other processes spend the same key). With Redis's
-    /// clock (`*_now`) the mirror estimates that clock from earlier
+    /// clock ([`Now`](crate::Now)) the mirror estimates that clock from earlier
     /// replies, from above: it may deny a call that would have reached
     /// Redis up to one round trip later and been admitted, never more. A
     /// local denial needs no Redis, so it stays a denial while Redis is

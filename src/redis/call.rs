@@ -54,59 +54,69 @@ pub(super) struct Call {
 }
 
 impl Settings {
-    /// The call to make for `cost` tokens of `key` at `now` under `quota`, or the
-    /// decision made without Redis: an invalid timestamp, a cost above the
-    /// capacity, or a denial by the mirror's bound. With `coalesce`, a call
-    /// the bound admits waits while another call on the key is in flight.
+    /// The call to make for `cost` tokens of `key` at `at` under `quota`,
+    /// or its denial without Redis: an invalid instant, a cost above the
+    /// capacity, or a denial by the mirror's bound. A call made this way
+    /// does not coalesce (the blocking limiter, whose calls already take
+    /// turns, and an async call past its deadline for waiting).
     pub(super) fn prepare(
         &self,
         key: &str,
         at: At,
         cost: u64,
         quota: &Quota,
-        coalesce: bool,
-    ) -> Step {
-        match self.try_prepare(key, When::from_at(at), cost, quota, coalesce) {
-            Ok(step) => step,
-            Err(denial) => Step::Denied(denial),
-        }
+    ) -> Result<Call, Denial> {
+        self.try_prepare(key, When::from_at(at), cost, quota)
+            .map(|(call, _)| call)
     }
 
+    /// [`prepare`](Self::prepare), then boarding: a spending call that the
+    /// mirror's bound admits waits while another call on the key is in
+    /// flight, since that one may use up what this one needs.
+    pub(super) fn prepare_coalesced(&self, key: &str, at: At, cost: u64, quota: &Quota) -> Step {
+        let (mut call, board_at) = match self.try_prepare(key, When::from_at(at), cost, quota) {
+            Ok(prepared) => prepared,
+            Err(denial) => return Step::Denied(denial),
+        };
+        if let (Some(mirror), Some(at), true) = (&self.mirror, board_at, call.spend > 0) {
+            match mirror.board(&call.key, at, call.cost, call.spend, &call.quota) {
+                Boarding::Go(guard) => call._flight = guard,
+                Boarding::Wait(wait) => return Step::Wait(wait),
+            }
+        }
+        Step::Ask(call)
+    }
+
+    /// The call, and the mirror's estimate of its instant (for boarding;
+    /// `None` without a mirror or an estimate).
     fn try_prepare(
         &self,
         key: &str,
         now: Option<When>,
         cost: u64,
         quota: &Quota,
-        coalesce: bool,
-    ) -> Result<Step, Denial> {
+    ) -> Result<(Call, Option<u64>), Denial> {
         let now = now.ok_or(Denial::InvalidTimestamp)?;
         let spend = gcra::spend_for(cost, quota)?;
         let key = self.bucket_key(key);
         let mut bound = None;
         let mut sent = 0;
-        let mut flight = None;
+        let mut board_at = None;
         if let Some(mirror) = &self.mirror {
             sent = mirror.local_now();
             bound = mirror.bound(&key);
-            let at = match now {
+            board_at = match now {
                 When::At(ns) => Some(ns),
                 // An overestimate of Redis's clock: the bound denies
                 // locally only what Redis would deny at that instant.
                 When::Server => mirror.server_now(),
             };
-            if let (Some(at), Some(bound)) = (at, bound) {
+            if let (Some(at), Some(bound)) = (board_at, bound) {
                 // The real word is at least the bound: a denial here is
                 // Redis's denial too.
                 if let Err(denial) = gcra::decide(bound, at, cost, quota) {
                     self.counters.add(Cell::MirrorDenials, 1);
                     return Err(denial);
-                }
-            }
-            if let (true, Some(at)) = (coalesce && spend > 0, at) {
-                match mirror.board(&key, at, cost, spend, quota) {
-                    Boarding::Go(guard) => flight = guard,
-                    Boarding::Wait(wait) => return Ok(Step::Wait(wait)),
                 }
             }
         }
@@ -119,7 +129,7 @@ impl Settings {
                 }
             }
         }
-        Ok(Step::Ask(Call {
+        let call = Call {
             key,
             now,
             cost,
@@ -127,8 +137,9 @@ impl Settings {
             spend,
             guess,
             sent,
-            _flight: flight,
-        }))
+            _flight: None,
+        };
+        Ok((call, board_at))
     }
 
     /// The script invocation that carries `call` to Redis.
@@ -188,12 +199,13 @@ impl Settings {
     }
 
     /// A `remaining`'s answer from its cost-0 outcome: no policy, since it
-    /// admits nothing.
+    /// admits nothing, and not counted as a decision (as in memory); only a
+    /// failed round trip is counted.
     pub(super) fn conclude_remaining(&self, outcome: Outcome) -> Result<u64, RedisDenial> {
-        match self.record(0, outcome) {
+        match outcome {
             Ok(Ok(decision)) => Ok(decision.remaining()),
             Ok(Err(denial)) => Err(RedisDenial::Denied(denial)),
-            Err(err) => Err(RedisDenial::Failed(err)),
+            Err(err) => Err(RedisDenial::Failed(self.failed(err))),
         }
     }
 }

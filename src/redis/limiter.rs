@@ -126,8 +126,13 @@ where
         // regardless.
         let deadline = tokio::time::Instant::now() + self.settings.timeout;
         let call = loop {
-            let coalesce = tokio::time::Instant::now() < deadline;
-            match self.settings.prepare(key, at, cost, quota, coalesce) {
+            if tokio::time::Instant::now() >= deadline {
+                match self.settings.prepare(key, at, cost, quota) {
+                    Ok(call) => break call,
+                    Err(denial) => return Ok(Err(denial)),
+                }
+            }
+            match self.settings.prepare_coalesced(key, at, cost, quota) {
                 Step::Denied(denial) => return Ok(Err(denial)),
                 Step::Ask(call) => break call,
                 Step::Wait(landed) => {

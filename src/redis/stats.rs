@@ -2,9 +2,9 @@
 //! limiter, counted per thread in this process, plus backend errors.
 
 use super::call::Outcome;
+use super::error::RedisLimiterError;
 use super::settings::Settings;
-use super::RedisLimiter;
-use crate::observe::{Cell, Stats};
+use crate::observe::Cell;
 
 impl Settings {
     /// Counts a decided call of `cost` (or a failed round trip), and
@@ -16,11 +16,17 @@ impl Settings {
         }
         outcome
     }
+
+    /// Counts a failed round trip that decided nothing, and passes it on.
+    pub(super) fn failed(&self, err: RedisLimiterError) -> RedisLimiterError {
+        self.counters.add(Cell::BackendErrors, 1);
+        err
+    }
 }
 
 #[cfg(feature = "prometheus")]
-impl<C: Send + Sync> crate::prometheus::Observe for RedisLimiter<C> {
-    fn stats(&self) -> Stats {
-        RedisLimiter::stats(self)
+impl<C: Send + Sync> crate::prometheus::Observe for super::RedisLimiter<C> {
+    fn stats(&self) -> crate::observe::Stats {
+        super::RedisLimiter::stats(self)
     }
 }
