@@ -5,6 +5,7 @@
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::sync::{AtomicU64, Ordering};
+use crate::time::Nanos;
 
 /// The word of a bucket that has been removed from its map.
 ///
@@ -36,7 +37,7 @@ impl SpendError {
     /// looked up again. The one place that maps a `SpendError` to a
     /// [`Denial`].
     #[inline]
-    pub(crate) fn decision(spent: Result<u64, SpendError>) -> Option<Result<u64, Denial>> {
+    pub(crate) fn decision(spent: Result<Nanos, SpendError>) -> Option<Result<Nanos, Denial>> {
         match spent {
             Ok(word) => Some(Ok(word)),
             Err(SpendError::Denied(denial)) => Some(Err(denial)),
@@ -45,14 +46,14 @@ impl SpendError {
     }
 }
 
-/// The word a spend of `cost` at `now` would leave in place of `current`,
-/// or why there is none: a marker word, or a denial.
+/// The word a spend of `cost` at `now` would leave in place of `current`
+/// (the atomic's value), or why there is none: a marker word, or a denial.
 #[inline]
-fn next_word(current: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
+fn next_word(current: u64, now: Nanos, cost: u64, quota: &Quota) -> Result<Nanos, SpendError> {
     match current {
         RETIRED => Err(SpendError::Retired),
         MOVED => Err(SpendError::Moved),
-        _ => gcra::decide(current, now, cost, quota).map_err(SpendError::Denied),
+        live => gcra::decide(Nanos::new(live), now, cost, quota).map_err(SpendError::Denied),
     }
 }
 
@@ -60,7 +61,8 @@ fn next_word(current: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Sp
 #[derive(Debug)]
 pub(crate) struct Bucket {
     /// `full_at`: the instant, in nanoseconds of the caller's timeline, at
-    /// which this bucket holds `capacity` tokens again (see `gcra`). Values
+    /// which this bucket holds `capacity` tokens again (see `gcra`): a
+    /// [`Nanos`] as its `u64`, converted where it is loaded. Values
     /// `0..=2^64 - 3` are live and only ever grow; [`RETIRED`] marks a
     /// bucket that eviction has taken out of its map and [`MOVED`] an
     /// entry whose bucket moved to an `Arc`; both are final.
@@ -84,7 +86,7 @@ impl Bucket {
     /// A denial returns after one load and writes nothing, so a key that is
     /// hammered while empty keeps its cache line shared between cores.
     #[inline(always)]
-    pub(crate) fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
+    pub(crate) fn spend(&self, now: Nanos, cost: u64, quota: &Quota) -> Result<Nanos, SpendError> {
         // Relaxed: the decision depends on this word alone, and no other
         // memory is published through it. The compare-exchange below checks
         // the value we decided on against the latest one in the word's
@@ -93,9 +95,9 @@ impl Bucket {
         let mut current = self.full_at.load(Ordering::Relaxed);
         loop {
             let next = next_word(current, now, cost, quota)?;
-            if next == current {
+            if next.as_u64() == current {
                 // Cost 0: admitted, nothing to write.
-                return Ok(current);
+                return Ok(next);
             }
             // Relaxed on success and failure: read-modify-writes on one
             // location are totally ordered, so each admitted spend moves the
@@ -103,7 +105,7 @@ impl Bucket {
             // and none is counted twice. Nothing else needs to become visible.
             match self.full_at.compare_exchange_weak(
                 current,
-                next,
+                next.as_u64(),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -120,17 +122,17 @@ impl Bucket {
     #[inline]
     pub(crate) fn spend_locked(
         &mut self,
-        now: u64,
+        now: Nanos,
         cost: u64,
         quota: &Quota,
-    ) -> Result<u64, SpendError> {
+    ) -> Result<Nanos, SpendError> {
         // Relaxed load and store, no read-modify-write: `&mut self` (the
         // shard's write lock) excludes every other access to the word, and
         // the lock's release publishes the store to the next holder.
         let current = self.full_at.load(Ordering::Relaxed);
         let next = next_word(current, now, cost, quota)?;
-        if next != current {
-            self.full_at.store(next, Ordering::Relaxed);
+        if next.as_u64() != current {
+            self.full_at.store(next.as_u64(), Ordering::Relaxed);
         }
         Ok(next)
     }
@@ -161,14 +163,14 @@ impl Bucket {
     /// shard lock as the sweep) either lands before the retirement (and the
     /// bucket is then not full, so it is kept) or is sent back to the map.
     /// No admitted spend is ever swallowed.
-    pub(crate) fn try_retire(&self, now: u64) -> bool {
+    pub(crate) fn try_retire(&self, now: Nanos) -> bool {
         // Relaxed for the same reason as in `spend`: the compare-exchange
         // alone decides which of a racing spend and the retirement wins.
         let mut current = self.full_at.load(Ordering::Relaxed);
         loop {
             // Marker words are never full: `is_full` needs `current <= now`,
             // and `now < 2^63`.
-            if !gcra::is_full(current, now) {
+            if !gcra::is_full(Nanos::new(current), now) {
                 return false;
             }
             match self.full_at.compare_exchange_weak(

@@ -1,11 +1,12 @@
 //! The pure decision: `(bucket word, now, cost, quota) -> admit or deny`.
 //!
-//! No atomics and no maps here: plain integer arithmetic on nanoseconds,
-//! so every rule can be unit-tested and model-checked on its own.
+//! No atomics and no maps here: plain integer arithmetic on nanoseconds
+//! ([`Nanos`]: instants and spans) and token counts (`u64`), so every rule
+//! can be unit-tested and model-checked on its own.
 //!
 //! # The bucket word
 //!
-//! A bucket is one `u64`, `full_at`: the instant (in nanoseconds) at which
+//! A bucket is one word, `full_at` (stored as a `u64`): the instant at which
 //! the bucket will hold `capacity` tokens again. At time `now` the bucket
 //! lacks `full_at - now` nanoseconds of refill (nothing if `full_at <= now`),
 //! so it holds `capacity - (full_at - now) / interval` tokens, where the
@@ -32,10 +33,8 @@
 //! [`Quota::new`] bounds (see [`Quota`]).
 
 use crate::error::{ConfigError, Denial};
-use crate::time::MAX_TIMESTAMP_NANOS;
+use crate::time::{Nanos, MAX_TIMESTAMP_NANOS, NANOS_PER_SEC};
 use std::time::Duration;
-
-const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// The largest refill a spend (and so the refill window) may use up:
 /// `2^63 - 2` ns, so that a live word (`now + missing <= 2^64 - 3`) never
@@ -88,10 +87,10 @@ pub const MAX_RATE_SHORTFALL: f64 = 1e-3;
 pub struct Quota {
     rate: f64,
     capacity: u64,
-    /// Nanoseconds of refill per token: `ceil(1e9 / rate)`, at least 1.
-    interval: u64,
+    /// Refill per token: `ceil(1e9 / rate)` ns, at least 1 ns.
+    interval: Nanos,
     /// `capacity * interval`: the refill an empty bucket needs to be full.
-    window: u64,
+    window: Nanos,
 }
 
 impl Quota {
@@ -142,7 +141,7 @@ impl Quota {
                 interval_nanos: interval,
             });
         }
-        Self::build(rate, interval, capacity)
+        Self::build(rate, Nanos::new(interval), capacity)
     }
 
     /// Makes a quota of `capacity` tokens, one token refilled every
@@ -168,20 +167,19 @@ impl Quota {
     /// assert_eq!(quota.refill_time(), Duration::from_nanos(3 * 1024));
     /// ```
     pub fn with_interval(interval: Duration, capacity: u64) -> Result<Self, ConfigError> {
-        let nanos = u64::try_from(interval.as_nanos())
-            .ok()
-            .filter(|&t| (1..=MAX_TIMESTAMP_NANOS).contains(&t))
+        let nanos = Nanos::checked_from_duration(interval)
+            .filter(|t| (1..=MAX_TIMESTAMP_NANOS).contains(&t.as_u64()))
             .ok_or(ConfigError::IntervalOutOfRange { interval })?;
         if capacity == 0 {
             return Err(ConfigError::ZeroCapacity);
         }
-        Self::build(1e9 / nanos as f64, nanos, capacity)
+        Self::build(1e9 / nanos.as_u64() as f64, nanos, capacity)
     }
 
-    fn build(rate: f64, interval: u64, capacity: u64) -> Result<Self, ConfigError> {
-        let window = capacity
-            .checked_mul(interval)
-            .filter(|&w| w <= MAX_SPEND_NANOS)
+    fn build(rate: f64, interval: Nanos, capacity: u64) -> Result<Self, ConfigError> {
+        let window = interval
+            .checked_mul(capacity)
+            .filter(|w| w.as_u64() <= MAX_SPEND_NANOS)
             .ok_or(ConfigError::WindowTooLong { capacity, rate })?;
         Ok(Quota {
             rate,
@@ -213,7 +211,7 @@ impl Quota {
     /// ```
     #[must_use]
     pub fn served_rate(&self) -> f64 {
-        1e9 / self.interval as f64
+        1e9 / self.interval.as_u64() as f64
     }
 
     /// The most tokens a bucket holds: the largest burst.
@@ -235,7 +233,7 @@ impl Quota {
     /// ```
     #[must_use]
     pub fn interval(&self) -> Duration {
-        Duration::from_nanos(self.interval)
+        self.interval.into()
     }
 
     /// How long an empty bucket takes to refill completely: `capacity`
@@ -253,7 +251,7 @@ impl Quota {
     /// ```
     #[must_use]
     pub fn refill_time(&self) -> Duration {
-        Duration::from_nanos(self.window)
+        self.window.into()
     }
 
     /// The quota as four words, for a cell that stores it in atomics.
@@ -261,8 +259,8 @@ impl Quota {
         [
             self.rate.to_bits(),
             self.capacity,
-            self.interval,
-            self.window,
+            self.interval.as_u64(),
+            self.window.as_u64(),
         ]
     }
 
@@ -271,19 +269,21 @@ impl Quota {
         Quota {
             rate: f64::from_bits(rate),
             capacity,
-            interval,
-            window,
+            interval: Nanos::new(interval),
+            window: Nanos::new(window),
         }
     }
 
-    /// The refill of a full bucket, in nanoseconds: `capacity * interval`.
+    /// The refill of a full bucket: `capacity * interval`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn window(&self) -> u64 {
+    #[inline]
+    pub(crate) fn window(&self) -> Nanos {
         self.window
     }
 
-    /// Whole tokens held by a bucket lacking `missing` ns of refill.
-    fn tokens_with(&self, missing: u64) -> u64 {
+    /// Whole tokens held by a bucket lacking `missing` of refill.
+    #[inline]
+    fn tokens_with(&self, missing: Nanos) -> u64 {
         // window = capacity * interval, so this is at most capacity.
         self.window.saturating_sub(missing) / self.interval
     }
@@ -302,11 +302,11 @@ fn exact_interval(rate: f64) -> Option<(u128, u64)> {
         let den = odd
             .checked_shl(exponent as u32)
             .filter(|d| d >> exponent == odd)?;
-        Some((NANOS_PER_SEC, den))
+        Some((u128::from(NANOS_PER_SEC), den))
     } else {
         let shift = exponent.unsigned_abs();
         // 1e9 < 2^30: the numerator fits a u128 up to a shift of 97.
-        (shift <= 97).then(|| (NANOS_PER_SEC << shift, odd))
+        (shift <= 97).then(|| (u128::from(NANOS_PER_SEC) << shift, odd))
     }
 }
 
@@ -338,9 +338,14 @@ fn decompose(value: f64) -> (u64, i32) {
 /// been at `now` with every later spend already charged, which is never
 /// more than it held then. The word only ever grows.
 #[inline]
-pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
+pub(crate) fn decide(
+    full_at: Nanos,
+    now: Nanos,
+    cost: u64,
+    quota: &Quota,
+) -> Result<Nanos, Denial> {
     let spend = spend_for(cost, quota)?;
-    if spend == 0 {
+    if spend == Nanos::ZERO {
         // Cost 0 (a positive cost spends at least one interval, 1 ns).
         return Ok(full_at);
     }
@@ -352,20 +357,20 @@ pub(crate) fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result
         Ok(now + missing)
     } else {
         Err(Denial::InsufficientTokens {
-            retry_after: Duration::from_nanos(missing - quota.window),
+            retry_after: (missing - quota.window).into(),
         })
     }
 }
 
 /// Whole tokens a bucket with word `full_at` holds at `now`.
 #[inline]
-pub(crate) fn tokens_at(full_at: u64, now: u64, quota: &Quota) -> u64 {
+pub(crate) fn tokens_at(full_at: Nanos, now: Nanos, quota: &Quota) -> u64 {
     quota.tokens_with(full_at.saturating_sub(now))
 }
 
 /// Whether the bucket is full at `now`, so that dropping it changes nothing.
 #[inline]
-pub(crate) fn is_full(full_at: u64, now: u64) -> bool {
+pub(crate) fn is_full(full_at: Nanos, now: Nanos) -> bool {
     full_at <= now
 }
 
@@ -374,7 +379,7 @@ pub(crate) fn is_full(full_at: u64, now: u64) -> bool {
 /// change. [`decide`] starts with it, and so do callers that must fetch
 /// the word first (the Redis limiter): they skip the fetch when it denies.
 #[inline]
-pub(crate) fn spend_for(cost: u64, quota: &Quota) -> Result<u64, Denial> {
+pub(crate) fn spend_for(cost: u64, quota: &Quota) -> Result<Nanos, Denial> {
     if cost > quota.capacity {
         return Err(Denial::ExceedsCapacity {
             cost,
@@ -383,7 +388,7 @@ pub(crate) fn spend_for(cost: u64, quota: &Quota) -> Result<u64, Denial> {
     }
     // cost <= capacity, so spend <= capacity * interval = window: no
     // overflow. Cost 0 spends 0.
-    Ok(cost * quota.interval)
+    Ok(quota.interval * cost)
 }
 
 #[cfg(test)]
@@ -394,6 +399,25 @@ mod tests {
 
     fn quota(rate: f64, capacity: u64) -> Quota {
         Quota::new(rate, capacity).unwrap()
+    }
+
+    // The decision's functions in plain counts of nanoseconds, as the
+    // tables below write them.
+
+    fn decide(full_at: u64, now: u64, cost: u64, q: &Quota) -> Result<u64, Denial> {
+        super::decide(Nanos::new(full_at), Nanos::new(now), cost, q).map(Nanos::as_u64)
+    }
+
+    fn tokens_at(full_at: u64, now: u64, q: &Quota) -> u64 {
+        super::tokens_at(Nanos::new(full_at), Nanos::new(now), q)
+    }
+
+    fn is_full(full_at: u64, now: u64) -> bool {
+        super::is_full(Nanos::new(full_at), Nanos::new(now))
+    }
+
+    fn spend_for(cost: u64, q: &Quota) -> Result<u64, Denial> {
+        super::spend_for(cost, q).map(Nanos::as_u64)
     }
 
     #[test]
@@ -478,14 +502,14 @@ mod tests {
         let q = quota(3.0, 3);
         assert_eq!(spend_for(1, &q).ok(), Some(333_333_334));
         assert_eq!(spend_for(2, &q).ok(), Some(666_666_668));
-        assert_eq!(q.window, 1_000_000_002);
+        assert_eq!(q.window, Nanos::new(1_000_000_002));
         // A full bucket admits its whole burst, whatever the cost mix...
         for costs in [&[1, 1, 1][..], &[1, 2], &[2, 1], &[3]] {
             let mut w = 0;
             for &c in costs {
                 w = decide(w, 0, c, &q).unwrap();
             }
-            assert_eq!(w, q.window);
+            assert_eq!(w, q.window.as_u64());
             // ...and not one token more, until a whole interval has passed.
             let wait = decide(w, 0, 1, &q).unwrap_err().retry_after();
             assert_eq!(wait, Some(Duration::from_nanos(333_333_334)));
@@ -501,9 +525,10 @@ mod tests {
     fn whole_tokens_match_spend() {
         for (rate, cap) in [(3.0, 7), (0.25, 5), (1e9, 100), (7.5, 13), (0.1, 4)] {
             let q = quota(rate, cap);
-            for missing in [0, 1, q.window / 3, q.window / 2 + 1, q.window - 1, q.window] {
-                let n = q.tokens_with(missing);
-                let available = q.window - missing;
+            let window = q.window.as_u64();
+            for missing in [0, 1, window / 3, window / 2 + 1, window - 1, window] {
+                let n = q.tokens_with(Nanos::new(missing));
+                let available = window - missing;
                 assert!(n == 0 || spend_for(n, &q).unwrap() <= available);
                 assert!(n == cap || spend_for(n + 1, &q).unwrap() > available);
             }
@@ -563,8 +588,8 @@ mod tests {
         // Near the bound: half a nanosecond short of a whole interval is
         // 0.05% slow at 1000.5 ns, 0.06% at 800.5 ns (both accepted) and
         // 0.12% at 400.5 ns (refused).
-        assert_eq!(quota(1e9 / 1000.5, 1).interval, 1001);
-        assert_eq!(quota(1e9 / 800.5, 1).interval, 801);
+        assert_eq!(quota(1e9 / 1000.5, 1).interval, Nanos::new(1001));
+        assert_eq!(quota(1e9 / 800.5, 1).interval, Nanos::new(801));
         assert!(Quota::new(1e9 / 400.5, 1).is_err());
         // Every rate up to 1e6/s is accepted (interval >= 1000 ns).
         let mut x = 0x2545_f491_4f6c_dd1d_u64;
@@ -588,7 +613,8 @@ mod tests {
     #[test]
     fn whole_intervals_are_taken_as_given() {
         let q = Quota::with_interval(Duration::from_nanos(3), 10).unwrap();
-        assert_eq!((q.interval, q.window, q.capacity), (3, 30, 10));
+        let (interval, window) = (q.interval.as_u64(), q.window.as_u64());
+        assert_eq!((interval, window, q.capacity), (3, 30, 10));
         assert!(matches!(
             Quota::with_interval(Duration::ZERO, 1),
             Err(ConfigError::IntervalOutOfRange { .. })

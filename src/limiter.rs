@@ -12,7 +12,7 @@
 
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
-use crate::time::{At, Now};
+use crate::time::{At, Nanos, Now};
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -37,10 +37,10 @@ use std::time::Duration;
 #[derive(Clone, Copy, PartialEq)]
 #[must_use]
 pub struct Decision {
-    /// The instant (ns) the bucket is full again after the call.
-    full_at: u64,
-    /// The instant (ns) the call was decided at.
-    now: u64,
+    /// The instant the bucket is full again after the call.
+    full_at: Nanos,
+    /// The instant the call was decided at.
+    now: Nanos,
     /// The quota it was decided under.
     quota: Quota,
     /// Admitted by the failure policy: the backend could not decide.
@@ -51,7 +51,7 @@ impl Decision {
     /// The bucket's state after an admitted call: its word `full_at` at
     /// `now` under `quota`.
     #[inline]
-    pub(crate) fn new(full_at: u64, now: u64, quota: &Quota) -> Decision {
+    pub(crate) fn new(full_at: Nanos, now: Nanos, quota: &Quota) -> Decision {
         Decision {
             full_at,
             now,
@@ -65,8 +65,8 @@ impl Decision {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn degraded(quota: &Quota) -> Decision {
         Decision {
-            full_at: 0,
-            now: 0,
+            full_at: Nanos::ZERO,
+            now: Nanos::ZERO,
             quota: *quota,
             degraded: true,
         }
@@ -95,7 +95,7 @@ impl Decision {
     /// nothing else spends from it.
     #[must_use]
     pub fn reset_after(&self) -> Duration {
-        Duration::from_nanos(self.full_at.saturating_sub(self.now))
+        self.full_at.saturating_sub(self.now).into()
     }
 
     /// Whether the backend could not decide and its failure policy

@@ -3,27 +3,29 @@
 //! Compiled only under `cfg(loom)` and hidden from the docs: it is not part
 //! of keyrate's API. The models drive the real bucket and the real decision
 //! through these thin wrappers, so a model checks the code that ships.
+//! They speak plain `u64` nanoseconds, the crate's `Nanos` inside.
 
 use crate::bucket;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
+use crate::time::Nanos;
 
 /// The word of a retired (evicted) bucket.
 pub const RETIRED: u64 = bucket::RETIRED;
 
 /// The pure decision (`gcra::decide`): the new word, or why the call is denied.
 pub fn decide(full_at: u64, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
-    gcra::decide(full_at, now, cost, quota)
+    gcra::decide(Nanos::new(full_at), Nanos::new(now), cost, quota).map(Nanos::as_u64)
 }
 
 /// Whole tokens a bucket with word `full_at` holds at `now`.
 pub fn tokens_at(full_at: u64, now: u64, quota: &Quota) -> u64 {
-    gcra::tokens_at(full_at, now, quota)
+    gcra::tokens_at(Nanos::new(full_at), Nanos::new(now), quota)
 }
 
 /// Whether a bucket with word `full_at` is full at `now`.
 pub fn is_full(full_at: u64, now: u64) -> bool {
-    gcra::is_full(full_at, now)
+    gcra::is_full(Nanos::new(full_at), Nanos::new(now))
 }
 
 /// Why a spend on a [`Bucket`] did not happen.
@@ -54,11 +56,14 @@ impl Bucket {
 
     /// The real compare-and-swap spend.
     pub fn spend(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError> {
-        self.0.spend(now, cost, quota).map_err(|err| match err {
-            bucket::SpendError::Denied(denial) => SpendError::Denied(denial),
-            bucket::SpendError::Retired => SpendError::Retired,
-            bucket::SpendError::Moved => SpendError::Moved,
-        })
+        self.0
+            .spend(Nanos::new(now), cost, quota)
+            .map(Nanos::as_u64)
+            .map_err(|err| match err {
+                bucket::SpendError::Denied(denial) => SpendError::Denied(denial),
+                bucket::SpendError::Retired => SpendError::Retired,
+                bucket::SpendError::Moved => SpendError::Moved,
+            })
     }
 
     /// The current word (possibly [`RETIRED`]).
@@ -68,7 +73,7 @@ impl Bucket {
 
     /// The real retirement: compare-and-swap to [`RETIRED`] if full at `now`.
     pub fn try_retire(&self, now: u64) -> bool {
-        self.0.try_retire(now)
+        self.0.try_retire(Nanos::new(now))
     }
 }
 

@@ -1,15 +1,135 @@
-//! Time: `f64` seconds to whole nanoseconds, and the range accepted.
+//! Time: whole nanoseconds as a type ([`Nanos`]), `f64` seconds and
+//! [`Duration`]s converted to them, and the range accepted.
 //!
 //! Every timestamp that reaches the decision function has been through
-//! [`nanos_from_secs`]: finite, non-negative, rounded to the nearest whole
-//! nanosecond (ties to even), and at most [`MAX_TIMESTAMP_NANOS`].
-//! [`Clock`] supplies timestamps to the methods that read the time
-//! themselves.
+//! [`nanos_from_secs`] or [`nanos_from_duration`]: finite, non-negative,
+//! rounded to the nearest whole nanosecond (ties to even), and at most
+//! [`MAX_TIMESTAMP_NANOS`]. [`Clock`] supplies timestamps to the methods
+//! that read the time themselves.
 
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use std::fmt;
+use std::ops::{Add, Div, Mul, Sub};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Nanoseconds in a second: the crate's one such constant (take
+/// `u128::from(NANOS_PER_SEC)` for 128-bit arithmetic).
+pub(crate) const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// A whole number of nanoseconds: an instant on the caller's timeline (a
+/// timestamp, or a bucket's word `full_at`) or a span between two (a
+/// refill, an interval, a wait).
+///
+/// A token count is a plain `u64`; this type keeps the two from being
+/// swapped. The arithmetic is what the units allow: spans add to
+/// instants, a span times a count is a span, a span over a span is a
+/// count. `repr(transparent)` and `#[inline]` everywhere: it compiles to
+/// the `u64` it wraps.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
+pub(crate) struct Nanos(u64);
+
+impl Nanos {
+    /// No time: the epoch, or an empty span. Also the word of a new bucket.
+    pub(crate) const ZERO: Nanos = Nanos(0);
+
+    /// `nanos` whole nanoseconds.
+    #[inline]
+    pub(crate) const fn new(nanos: u64) -> Nanos {
+        Nanos(nanos)
+    }
+
+    /// The count of nanoseconds, for an atomic word, a counter or a wire.
+    #[inline]
+    pub(crate) const fn as_u64(self) -> u64 {
+        self.0
+    }
+
+    /// `self - other`, or zero if `other` is later.
+    #[inline]
+    pub(crate) const fn saturating_sub(self, other: Nanos) -> Nanos {
+        Nanos(self.0.saturating_sub(other.0))
+    }
+
+    /// `self + other`, or `u64::MAX` ns on overflow.
+    #[inline]
+    pub(crate) const fn saturating_add(self, other: Nanos) -> Nanos {
+        Nanos(self.0.saturating_add(other.0))
+    }
+
+    /// `self * count`, or `None` on overflow.
+    #[inline]
+    pub(crate) const fn checked_mul(self, count: u64) -> Option<Nanos> {
+        match self.0.checked_mul(count) {
+            Some(nanos) => Some(Nanos(nanos)),
+            None => None,
+        }
+    }
+
+    /// `duration` in whole nanoseconds, or `None` beyond `u64::MAX` ns
+    /// (about 584 years). The crate's one conversion from a [`Duration`];
+    /// every other one goes through it.
+    #[inline]
+    pub(crate) fn checked_from_duration(duration: Duration) -> Option<Nanos> {
+        u64::try_from(duration.as_nanos()).ok().map(Nanos)
+    }
+
+    /// `duration` in whole nanoseconds, `u64::MAX` ns beyond that: for
+    /// spans where "longer than anything" is the right reading (a window,
+    /// a measured time, a clock's setting).
+    #[inline]
+    pub(crate) fn saturating_from_duration(duration: Duration) -> Nanos {
+        Self::checked_from_duration(duration).unwrap_or(Nanos(u64::MAX))
+    }
+}
+
+/// An instant plus a span, or two spans.
+impl Add for Nanos {
+    type Output = Nanos;
+
+    #[inline]
+    fn add(self, other: Nanos) -> Nanos {
+        Nanos(self.0 + other.0)
+    }
+}
+
+/// The span between two instants, or a span less another.
+impl Sub for Nanos {
+    type Output = Nanos;
+
+    #[inline]
+    fn sub(self, other: Nanos) -> Nanos {
+        Nanos(self.0 - other.0)
+    }
+}
+
+/// A span per token times a token count.
+impl Mul<u64> for Nanos {
+    type Output = Nanos;
+
+    #[inline]
+    fn mul(self, count: u64) -> Nanos {
+        Nanos(self.0 * count)
+    }
+}
+
+/// How many whole spans `other` fit in `self`: a count.
+impl Div for Nanos {
+    type Output = u64;
+
+    #[inline]
+    fn div(self, other: Nanos) -> u64 {
+        self.0 / other.0
+    }
+}
+
+impl From<Nanos> for Duration {
+    #[inline]
+    fn from(nanos: Nanos) -> Duration {
+        Duration::from_nanos(nanos.0)
+    }
+}
 
 /// The largest timestamp accepted, in nanoseconds: `2^63 - 1` ns, about
 /// 292 years after the caller's epoch (the Unix epoch works until 2262).
@@ -26,7 +146,7 @@ pub const MAX_TIMESTAMP_NANOS: u64 = (1 << 63) - 1;
 /// binary value of `secs` with one 64x64-bit multiplication: this runs on
 /// every call, so it avoids the general conversion's extra work.
 #[inline]
-pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
+pub(crate) fn nanos_from_secs(secs: f64) -> Option<Nanos> {
     let bits = secs.to_bits();
     // The sign bit and the biased exponent together: positive values
     // only, so that one range test below also rejects negatives.
@@ -45,7 +165,7 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
         let whole = doubled >> 1;
         let round_up = doubled & 1 == 1 && (below_half != 0 || whole & 1 == 1);
         // < 2^33 s: far below MAX_TIMESTAMP_NANOS.
-        return Some(whole + u64::from(round_up));
+        return Some(Nanos(whole + u64::from(round_up)));
     }
     // Rejects NaN (every comparison is false), negatives, infinities and
     // anything clearly beyond the range; -0.0 passes and becomes 0.
@@ -55,11 +175,11 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
     let biased = biased & 0x7ff;
     if biased < 1023 - 32 {
         // secs < 2^-32 s (zero and subnormals included): below 0.5 ns.
-        return Some(0);
+        return Some(Nanos::ZERO);
     }
     // secs = mantissa * 2^-shift, with 18 <= shift <= 1075 - (1023 - 32).
     let shift = 1075 - biased;
-    let product = u128::from(mantissa) * 1_000_000_000; // exact: < 2^83
+    let product = u128::from(mantissa) * u128::from(NANOS_PER_SEC); // exact: < 2^83
     let whole = product >> shift;
     let rest = product & ((1 << shift) - 1);
     let half = 1u128 << (shift - 1);
@@ -68,6 +188,7 @@ pub(crate) fn nanos_from_secs(secs: f64) -> Option<u64> {
     u64::try_from(nanos)
         .ok()
         .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
+        .map(Nanos)
 }
 
 /// When a call happens: the one time argument of every call.
@@ -132,7 +253,7 @@ impl At {
     /// The caller's instant in validated nanoseconds: `Some(None)` for an
     /// invalid one, `None` for [`At::Now`] (the backend reads its clock).
     #[inline]
-    pub(crate) fn caller_nanos(self) -> Option<Option<u64>> {
+    pub(crate) fn caller_nanos(self) -> Option<Option<Nanos>> {
         match self {
             At::Secs(secs) => Some(nanos_from_secs(secs)),
             At::Since(since) => Some(nanos_from_duration(since)),
@@ -143,7 +264,7 @@ impl At {
     /// This instant in validated nanoseconds, reading `clock` for
     /// [`At::Now`]; `None` for an instant out of range.
     #[inline]
-    pub(crate) fn nanos(self, clock: &dyn Clock) -> Option<u64> {
+    pub(crate) fn nanos(self, clock: &dyn Clock) -> Option<Nanos> {
         match self.caller_nanos() {
             Some(nanos) => nanos,
             None => nanos_from_duration(clock.now()),
@@ -232,7 +353,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by` (saturating at `u64::MAX` ns).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = Nanos::saturating_from_duration(by).as_u64();
         // Relaxed: the clock's value is the only data; readers need no
         // other memory ordered with it.
         let _ = self
@@ -243,8 +364,8 @@ impl ManualClock {
     /// Sets the clock to `to` after its epoch (it may move backwards).
     pub fn set(&self, to: Duration) {
         // Relaxed: as in `advance`.
-        self.nanos
-            .store(u64::try_from(to.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        let to = Nanos::saturating_from_duration(to).as_u64();
+        self.nanos.store(to, Relaxed);
     }
 }
 
@@ -256,16 +377,21 @@ impl Clock for ManualClock {
 }
 
 /// A duration since the epoch (a clock reading, or a caller's exact
-/// timestamp) as validated nanoseconds, or `None` beyond the range.
-pub(crate) fn nanos_from_duration(since_epoch: Duration) -> Option<u64> {
-    u64::try_from(since_epoch.as_nanos())
-        .ok()
-        .filter(|&n| n <= MAX_TIMESTAMP_NANOS)
+/// timestamp) as validated nanoseconds, or `None` beyond
+/// [`MAX_TIMESTAMP_NANOS`].
+#[inline]
+pub(crate) fn nanos_from_duration(since_epoch: Duration) -> Option<Nanos> {
+    Nanos::checked_from_duration(since_epoch).filter(|n| n.0 <= MAX_TIMESTAMP_NANOS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The conversion under test, as a plain count for the tables below.
+    fn nanos_from_secs(secs: f64) -> Option<u64> {
+        super::nanos_from_secs(secs).map(Nanos::as_u64)
+    }
 
     #[test]
     fn rounds_to_nearest_nanosecond() {

@@ -7,7 +7,7 @@ use crate::bucket::{MOVED, RETIRED};
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::limiter::{AsyncLimiter, Decision, Limiter, Under};
-use crate::time::At;
+use crate::time::{At, Nanos};
 use std::borrow::Borrow;
 use std::future::{ready, Future};
 use std::hash::{BuildHasher, Hash};
@@ -16,10 +16,10 @@ use std::hash::{BuildHasher, Hash};
 /// which `record` sees.
 #[inline(always)]
 fn decide_at(
-    now: Option<u64>,
+    now: Option<Nanos>,
     quota: &Quota,
-    charge: impl FnOnce(u64) -> Result<u64, Denial>,
-    record: impl FnOnce(Option<u64>, Result<(), &Denial>),
+    charge: impl FnOnce(Nanos) -> Result<Nanos, Denial>,
+    record: impl FnOnce(Option<Nanos>, Result<(), &Denial>),
 ) -> Result<Decision, Denial> {
     let decided = match now {
         Some(now) => charge(now).map(|word| Decision::new(word, now, quota)),
@@ -29,9 +29,10 @@ fn decide_at(
     decided
 }
 
-/// The whole tokens a bucket whose word is `word()` holds at `now`.
+/// The whole tokens a bucket whose word is `word()` (the atomic's value)
+/// holds at `now`.
 fn remaining_at(
-    now: Option<u64>,
+    now: Option<Nanos>,
     quota: &Quota,
     word: impl FnOnce() -> u64,
 ) -> Result<u64, Denial> {
@@ -39,7 +40,7 @@ fn remaining_at(
     Ok(match word() {
         // Retired buckets are full by construction.
         RETIRED => quota.capacity(),
-        word => gcra::tokens_at(word, now, quota),
+        live => gcra::tokens_at(Nanos::new(live), now, quota),
     })
 }
 
@@ -62,7 +63,11 @@ where
             at.nanos(&*self.clock),
             quota,
             |now| self.charge(key, now, cost, quota),
-            |now, decided| self.observer.decided(key, now, cost, decided),
+            // The offenders' epochs count plain nanoseconds.
+            |now, decided| {
+                self.observer
+                    .decided(key, now.map(Nanos::as_u64), cost, decided)
+            },
         )
     }
 
@@ -265,7 +270,7 @@ impl Limiter<()> for BucketHandle {
             at.nanos(&*self.clock),
             quota,
             |now| self.charge(now, cost, quota),
-            |now, decided| self.tally.decided(now, cost, decided),
+            |now, decided| self.tally.decided(now.map(Nanos::as_u64), cost, decided),
         )
     }
 

@@ -7,7 +7,7 @@ use crate::gcra::Quota;
 use crate::live_quota::LiveQuota;
 use crate::observe::HandleTally;
 use crate::sync::Arc;
-use crate::time::Clock;
+use crate::time::{Clock, Nanos};
 
 /// One key's bucket, held by a long-lived caller such as a connection.
 ///
@@ -31,7 +31,7 @@ pub struct BucketHandle {
 impl BucketHandle {
     /// Spends `cost` at `now` (validated nanoseconds) on the bucket, under
     /// `quota`.
-    pub(super) fn charge(&self, now: u64, cost: u64, quota: &Quota) -> Result<u64, Denial> {
+    pub(super) fn charge(&self, now: Nanos, cost: u64, quota: &Quota) -> Result<Nanos, Denial> {
         // `None` would be a retired or moved bucket, which a handle never
         // holds: eviction never retires a bucket that a live handle pins
         // (see `sweep`), and a moved bucket never moves again. Were it to

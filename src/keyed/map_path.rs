@@ -6,6 +6,7 @@ use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::hot::Probe;
+use crate::time::Nanos;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -14,7 +15,7 @@ use std::hash::{BuildHasher, Hash};
 struct Call<'a, Q: ?Sized> {
     hash: u64,
     key: &'a Q,
-    now: u64,
+    now: Nanos,
     cost: u64,
     quota: &'a Quota,
 }
@@ -29,10 +30,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub(super) fn charge<Q>(
         &self,
         key: &Q,
-        now: u64,
+        now: Nanos,
         cost: u64,
         quota: &Quota,
-    ) -> Result<u64, Denial>
+    ) -> Result<Nanos, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -71,7 +72,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 // A call that would change nothing on a full bucket (cost
                 // 0) or be denied even there creates none here (the slow
                 // path answers it).
-                let spends = matches!(gcra::decide(0, now, cost, quota), Ok(word) if word != 0);
+                let spends = matches!(
+                    gcra::decide(Nanos::ZERO, now, cost, quota),
+                    Ok(word) if word != Nanos::ZERO
+                );
                 let bucket = if spends { self.new_bucket() } else { None };
                 created = bucket.is_some();
                 bucket
@@ -100,7 +104,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// call on the map), or from the moved bucket it stands for.
     /// `Retired`: the moved bucket was retired under us.
     #[inline(always)]
-    fn spend_in<Q>(&self, bucket: &mut Bucket, call: &Call<'_, Q>) -> Result<u64, SpendError>
+    fn spend_in<Q>(&self, bucket: &mut Bucket, call: &Call<'_, Q>) -> Result<Nanos, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -125,7 +129,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// then stays small enough to inline where it is called twice.
     #[cold]
     #[inline(never)]
-    fn spend_moved<Q>(&self, key: &Q, now: u64, cost: u64, quota: &Quota) -> Result<u64, SpendError>
+    fn spend_moved<Q>(
+        &self,
+        key: &Q,
+        now: Nanos,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<Nanos, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -137,7 +147,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Spends from the key's bucket where its entry says it is (see
     /// [`spend_in`](Self::spend_in)). `None`: the key has no entry.
-    fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<u64, SpendError>>
+    fn spend_entry<Q>(&self, call: &Call<'_, Q>) -> Option<Result<Nanos, SpendError>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -151,15 +161,15 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// be admitted), or finds the one another thread just made.
     #[cold]
     #[inline(never)]
-    fn charge_slow<Q>(&self, call: &Call<'_, Q>) -> Result<u64, Denial>
+    fn charge_slow<Q>(&self, call: &Call<'_, Q>) -> Result<Nanos, Denial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // A call that would change nothing on a full bucket (cost 0) or
         // be denied even there (cost > capacity) creates no bucket.
-        match gcra::decide(0, call.now, call.cost, call.quota) {
-            Ok(0) => return Ok(0),
+        match gcra::decide(Nanos::ZERO, call.now, call.cost, call.quota) {
+            Ok(Nanos::ZERO) => return Ok(Nanos::ZERO),
             Ok(_) => {}
             Err(denial) => return Err(denial),
         }
@@ -185,7 +195,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     /// Creates the key's bucket (unless another thread just did) and
     /// spends from it.
-    fn create<Q>(&self, call: &Call<'_, Q>) -> Result<u64, SpendError>
+    fn create<Q>(&self, call: &Call<'_, Q>) -> Result<Nanos, SpendError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,

@@ -4,6 +4,7 @@
 use super::TokenBucketLimiter;
 use crate::bucket::Bucket;
 use crate::observe::{Cell, Observer, Offenders, Stats, DEFAULT_OFFENDER_WINDOW};
+use crate::time::Nanos;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ pub(super) fn new_observer<K: Hash + Eq, S: BuildHasher>(
     window: Option<u64>,
     hasher: S,
 ) -> Arc<Observer<K, S>> {
-    let default = DEFAULT_OFFENDER_WINDOW.as_nanos() as u64;
+    let default = Nanos::saturating_from_duration(DEFAULT_OFFENDER_WINDOW).as_u64();
     Arc::new(Observer::new(
         on,
         offenders,
@@ -111,7 +112,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn with_offender_window(self, window: Duration) -> Self {
-        let window = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        let window = Nanos::saturating_from_duration(window).as_u64();
         let (on, offenders) = (
             self.observer.counters.is_on(),
             self.observer.wants_offenders,

@@ -5,7 +5,7 @@ use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
 use crate::store::Cursor;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use crate::time::At;
+use crate::time::{At, Nanos};
 use crossbeam_utils::CachePadded;
 use std::hash::{BuildHasher, Hash};
 
@@ -43,7 +43,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
-    pub(super) fn sweep_nanos(&self, now: u64) -> usize {
+    pub(super) fn sweep_nanos(&self, now: Nanos) -> usize {
         let started = std::time::Instant::now();
         let mut removed = 0;
         self.buckets.retain(|key, bucket| {
@@ -59,7 +59,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// One step of the automatic sweep: sweeps the next slice of the
     /// current shard at `now`. Called by a creation that won
     /// [`Occupancy::step_due`].
-    pub(super) fn sweep_step(&self, now: u64) {
+    pub(super) fn sweep_step(&self, now: Nanos) {
         let started = std::time::Instant::now();
         let occupancy = &self.occupancy;
         let (shard, at) = occupancy.position();
@@ -78,7 +78,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Whether `key`'s bucket is full at `now` and pinned by no handle; if
     /// so, retires it (and removes its `moved` entry): the caller, holding
     /// the key's shard write lock, then removes the entry.
-    fn evict(&self, key: &K, bucket: &Bucket, now: u64) -> bool {
+    fn evict(&self, key: &K, bucket: &Bucket, now: Nanos) -> bool {
         match bucket.word() {
             // Lock order: this shard (held by the caller), then `moved`.
             // A live handle keeps its bucket. The count cannot rise

@@ -4,6 +4,7 @@
 use super::slot;
 use crate::error::Denial;
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
+use crate::time::Nanos;
 use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
@@ -213,8 +214,8 @@ impl Counters {
     pub(crate) fn swept(&self, removed: usize, took: Duration) {
         self.add(Cell::Sweeps, 1);
         self.add(Cell::Evicted, removed as u64);
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.add(Cell::SweepNanos, nanos);
+        let nanos = Nanos::saturating_from_duration(took);
+        self.add(Cell::SweepNanos, nanos.as_u64());
     }
 
     /// The sums over all stripes.

@@ -12,7 +12,7 @@ use crate::error::Denial;
 use crate::gcra::{self, Quota};
 use crate::limiter::Decision;
 use crate::observe::Cell;
-use crate::time::At;
+use crate::time::{At, Nanos};
 use ::redis::{ScriptInvocation, Value};
 use std::pin::Pin;
 use tokio::sync::futures::OwnedNotified;
@@ -41,13 +41,13 @@ pub(super) struct Call {
     cost: u64,
     /// The quota the call is decided under.
     quota: Quota,
-    /// Nanoseconds of refill the call uses up; 0 only reads.
-    spend: u64,
+    /// The refill the call uses up; 0 only reads.
+    spend: Nanos,
     /// The script's fast path, with the caller's time.
     guess: Option<Guess>,
     /// The local instant the call was prepared, for the mirror's estimate
     /// of Redis's clock.
-    sent: u64,
+    sent: Nanos,
     /// Held while the call is the key's flight to Redis (dropped with the
     /// call, answered or not).
     _flight: Option<FlightGuard>,
@@ -78,7 +78,7 @@ impl Settings {
             Ok(prepared) => prepared,
             Err(denial) => return Step::Denied(denial),
         };
-        if let (Some(mirror), Some(at), true) = (&self.mirror, board_at, call.spend > 0) {
+        if let (Some(mirror), Some(at), true) = (&self.mirror, board_at, call.spend > Nanos::ZERO) {
             match mirror.board(&call.key, at, call.cost, call.spend, &call.quota) {
                 Boarding::Go(guard) => call._flight = guard,
                 Boarding::Wait(wait) => return Step::Wait(wait),
@@ -95,12 +95,12 @@ impl Settings {
         now: Option<When>,
         cost: u64,
         quota: &Quota,
-    ) -> Result<(Call, Option<u64>), Denial> {
+    ) -> Result<(Call, Option<Nanos>), Denial> {
         let now = now.ok_or(Denial::InvalidTimestamp)?;
         let spend = gcra::spend_for(cost, quota)?;
         let key = self.bucket_key(key);
         let mut bound = None;
-        let mut sent = 0;
+        let mut sent = Nanos::ZERO;
         let mut board_at = None;
         if let Some(mirror) = &self.mirror {
             sent = mirror.local_now();
@@ -122,8 +122,8 @@ impl Settings {
         }
         let mut guess = None;
         if let When::At(ns) = now {
-            if spend > 0 {
-                let expected = bound.unwrap_or(0);
+            if spend > Nanos::ZERO {
+                let expected = bound.unwrap_or(Nanos::ZERO);
                 if let Ok(word) = gcra::decide(expected, ns, cost, quota) {
                     guess = Some(Guess::new(expected, word, ns, self.min_ttl_ms));
                 }

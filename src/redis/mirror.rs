@@ -23,6 +23,7 @@
 
 use crate::gcra::{self, Quota};
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
+use crate::time::Nanos;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -42,10 +43,10 @@ pub(super) const DEFAULT_MIRROR_CAPACITY: usize = 65_536;
 #[derive(Debug, Default)]
 struct Entry {
     /// The lower bound of the key's word in Redis (0: none yet).
-    bound: u64,
-    /// The refill (ns) that the calls in flight to Redis on this key spend
-    /// if all are admitted.
-    pending: u64,
+    bound: Nanos,
+    /// The refill that the calls in flight to Redis on this key spend if
+    /// all are admitted.
+    pending: Nanos,
     /// Wakes the calls waiting for a flight on this key to end.
     landed: Option<Arc<Notify>>,
 }
@@ -66,7 +67,7 @@ pub(super) enum Boarding {
 pub(super) struct FlightGuard {
     mirror: Arc<Mirror>,
     key: Box<str>,
-    spend: u64,
+    spend: Nanos,
 }
 
 impl Drop for FlightGuard {
@@ -97,7 +98,8 @@ pub(super) struct Mirror {
     /// The local monotonic origin of [`Mirror::local_now`].
     origin: Instant,
     /// Redis's `TIME` minus the local instant the call that read it was
-    /// sent, from the latest such reply, in ns; 0 before the first. Redis
+    /// sent, from the latest such reply, a [`Nanos`] as its `u64`; 0
+    /// before the first. Redis
     /// decided after the call was sent, so `local_now + offset` is at
     /// least Redis's clock at `local_now` (an overestimate by at most that
     /// call's round trip), as long as Redis's clock does not run faster
@@ -127,11 +129,11 @@ impl Mirror {
     }
 
     /// The bound kept for `key`, if any.
-    pub(super) fn bound(&self, key: &str) -> Option<u64> {
+    pub(super) fn bound(&self, key: &str) -> Option<Nanos> {
         self.shard(key).read().get(key).map(|entry| entry.bound)
     }
 
-    /// Boards a call of `cost` (`spend` ns of refill) on `key` at `at`
+    /// Boards a call of `cost` (`spend` of refill) on `key` at `at`
     /// that the bound admits:
     /// it goes when the bound still admits it with every call in flight
     /// counted as admitted (or when the entry cannot be kept), and waits
@@ -139,9 +141,9 @@ impl Mirror {
     pub(super) fn board(
         self: &Arc<Self>,
         key: &str,
-        at: u64,
+        at: Nanos,
         cost: u64,
-        spend: u64,
+        spend: Nanos,
         quota: &Quota,
     ) -> Boarding {
         let mut shard = self.shard(key).write();
@@ -152,7 +154,7 @@ impl Mirror {
             shard.insert(Box::from(key), Entry::default());
         }
         let entry = shard.get_mut(key).expect("present");
-        if entry.pending > 0 {
+        if entry.pending > Nanos::ZERO {
             let if_all_admitted = entry.bound.max(at).saturating_add(entry.pending);
             if gcra::decide(if_all_admitted, at, cost, quota).is_err() {
                 let landed = entry.landed.get_or_insert_with(Default::default).clone();
@@ -173,7 +175,7 @@ impl Mirror {
 
     /// Raises `key`'s bound to `word` (a bound never falls). `now` on the
     /// same timeline tells which bounds are already in the past.
-    pub(super) fn raise(&self, key: &str, word: u64, now: u64) {
+    pub(super) fn raise(&self, key: &str, word: Nanos, now: Nanos) {
         if word <= now {
             // A full bucket: the bound would deny nothing.
             return;
@@ -186,7 +188,7 @@ impl Mirror {
         if shard.len() >= self.per_shard {
             // Past bounds deny nothing; entries with calls in flight stay
             // (their guards need them).
-            shard.retain(|_, entry| entry.bound > now || entry.pending > 0);
+            shard.retain(|_, entry| entry.bound > now || entry.pending > Nanos::ZERO);
             if shard.len() >= self.per_shard {
                 return;
             }
@@ -198,24 +200,26 @@ impl Mirror {
         shard.insert(Box::from(key), entry);
     }
 
-    /// Nanoseconds on the local monotonic clock since the mirror was made.
-    pub(super) fn local_now(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    /// The time on the local monotonic clock since the mirror was made.
+    pub(super) fn local_now(&self) -> Nanos {
+        Nanos::saturating_from_duration(self.origin.elapsed())
     }
 
     /// An overestimate of Redis's clock now, once a reply has shown it.
-    pub(super) fn server_now(&self) -> Option<u64> {
+    pub(super) fn server_now(&self) -> Option<Nanos> {
+        // Relaxed: see the field.
         match self.server_offset.load(Relaxed) {
             0 => None,
-            offset => Some(offset.saturating_add(self.local_now())),
+            offset => Some(Nanos::new(offset).saturating_add(self.local_now())),
         }
     }
 
     /// Learns Redis's clock from a reply decided at `server_now` to a call
     /// sent at local instant `sent`.
-    pub(super) fn saw_server_time(&self, server_now: u64, sent: u64) {
-        let offset = server_now.saturating_sub(sent).max(1);
-        self.server_offset.store(offset, Relaxed);
+    pub(super) fn saw_server_time(&self, server_now: Nanos, sent: Nanos) {
+        let offset = server_now.saturating_sub(sent).max(Nanos::new(1));
+        // Relaxed: see the field.
+        self.server_offset.store(offset.as_u64(), Relaxed);
     }
 
     /// How many bounds are kept.

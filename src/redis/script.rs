@@ -1,19 +1,17 @@
 //! The decision script (`bucket.lua`): its arguments and its reply.
 
 use super::error::RedisLimiterError;
-use crate::time::At;
+use crate::time::{At, Nanos, NANOS_PER_SEC};
 use ::redis::{ScriptInvocation, Value};
 
 /// The decision script; Redis caches it by its SHA-1.
 pub(super) const BUCKET_SCRIPT: &str = include_str!("bucket.lua");
 
-const NANOS_PER_SEC: u64 = 1_000_000_000;
-
 /// Where "now" comes from for one call.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum When {
-    /// The caller's timestamp, validated nanoseconds.
-    At(u64),
+    /// The caller's timestamp, validated.
+    At(Nanos),
     /// Redis's `TIME`, read inside the script.
     Server,
 }
@@ -34,30 +32,33 @@ impl When {
 pub(super) struct Reply {
     pub(super) admitted: bool,
     /// The bucket's word before the call (0 for a missing key).
-    pub(super) full_at: u64,
+    pub(super) full_at: Nanos,
     /// The instant the script decided at.
-    pub(super) now: u64,
+    pub(super) now: Nanos,
 }
 
 /// Splits nanoseconds into the script's `(seconds, nanoseconds)` limbs.
-fn limbs(ns: u64) -> (u64, u64) {
+fn limbs(ns: Nanos) -> (u64, u64) {
+    let ns = ns.as_u64();
     (ns / NANOS_PER_SEC, ns % NANOS_PER_SEC)
 }
 
 /// Joins the script's limbs into nanoseconds, if they form a `u64`.
-fn join(secs: i64, nanos: i64) -> Option<u64> {
+fn join(secs: i64, nanos: i64) -> Option<Nanos> {
     let secs = u64::try_from(secs).ok()?;
     let nanos = u64::try_from(nanos).ok().filter(|&n| n < NANOS_PER_SEC)?;
-    secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)
+    let ns = secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)?;
+    Some(Nanos::new(ns))
 }
 
-/// Adds the script's arguments for one call at `now` spending `spend` ns
-/// of refill, on a bucket whose full refill is `window` ns.
+/// Adds the script's arguments for one call at `now` spending `spend` of
+/// refill, on a bucket whose full refill is `window`; the keys' TTL floor
+/// `min_ttl_ms` is in milliseconds.
 pub(super) fn arguments(
     invocation: &mut ScriptInvocation<'_>,
     now: When,
-    spend: u64,
-    window: u64,
+    spend: Nanos,
+    window: Nanos,
     min_ttl_ms: u64,
     guess: Option<Guess>,
 ) {
@@ -82,10 +83,10 @@ pub(super) fn arguments(
         .arg(min_ttl_ms);
     if let Some(guess) = guess {
         match guess.expected {
-            0 => invocation.arg(""),
-            word => invocation.arg(word),
+            Nanos::ZERO => invocation.arg(""),
+            word => invocation.arg(word.as_u64()),
         };
-        invocation.arg(guess.word).arg(guess.ttl_ms);
+        invocation.arg(guess.word.as_u64()).arg(guess.ttl_ms);
     }
 }
 
@@ -93,17 +94,17 @@ pub(super) fn arguments(
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Guess {
     /// The word Rust expects the key to hold (0: no key).
-    pub(super) expected: u64,
+    pub(super) expected: Nanos,
     /// `gcra::decide` on `expected`: the word to write.
-    pub(super) word: u64,
+    pub(super) word: Nanos,
     /// The key's TTL: the time from `now` until `word`, in whole
     /// milliseconds rounded up, at least the floor and at least 1 ms.
     pub(super) ttl_ms: u64,
 }
 
 impl Guess {
-    pub(super) fn new(expected: u64, word: u64, now: u64, min_ttl_ms: u64) -> Self {
-        let missing = word.saturating_sub(now);
+    pub(super) fn new(expected: Nanos, word: Nanos, now: Nanos, min_ttl_ms: u64) -> Self {
+        let missing = word.saturating_sub(now).as_u64();
         let ttl_ms = missing.div_ceil(1_000_000).max(min_ttl_ms).max(1);
         Guess {
             expected,
@@ -115,14 +116,14 @@ impl Guess {
 
 /// The word a bucket key holds: the decimal of a `u64`, digits only, as
 /// the script and every earlier version write it; `""` for a missing key.
-pub(super) fn word(stored: &str) -> Option<u64> {
+pub(super) fn word(stored: &str) -> Option<Nanos> {
     if stored.is_empty() {
-        return Some(0);
+        return Some(Nanos::ZERO);
     }
     if !stored.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    stored.parse().ok()
+    stored.parse().ok().map(Nanos::new)
 }
 
 /// The script's answer as a [`Reply`], or why it is not one. `now` is
@@ -130,7 +131,7 @@ pub(super) fn word(stored: &str) -> Option<u64> {
 pub(super) fn parse(
     key: &str,
     answer: &Value,
-    now: Option<u64>,
+    now: Option<Nanos>,
 ) -> Result<Reply, RedisLimiterError> {
     let shape = || RedisLimiterError::reply("expected [admitted, word, secs, nanos]");
     let Value::Array(items) = answer else {
@@ -176,11 +177,11 @@ mod tests {
             MAX_TIMESTAMP_NANOS,
             u64::MAX,
         ] {
-            let (s, n) = limbs(ns);
+            let (s, n) = limbs(Nanos::new(ns));
             assert!(n < NANOS_PER_SEC);
             // Each limb is exact in a Lua double.
             assert!(s < 1 << 35);
-            assert_eq!(join(s as i64, n as i64), Some(ns));
+            assert_eq!(join(s as i64, n as i64), Some(Nanos::new(ns)));
         }
         assert_eq!(join(-1, 0), None);
         assert_eq!(join(0, 1_000_000_000), None);
@@ -190,8 +191,8 @@ mod tests {
 
     #[test]
     fn words_are_plain_decimals() {
-        assert_eq!(word(""), Some(0));
-        assert_eq!(word("18446744073709551615"), Some(u64::MAX));
+        assert_eq!(word(""), Some(Nanos::ZERO));
+        assert_eq!(word("18446744073709551615"), Some(Nanos::new(u64::MAX)));
         for bad in [
             "18446744073709551616",
             "+1",
