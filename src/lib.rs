@@ -64,6 +64,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod bucket;
+mod decision;
 #[cfg(not(loom))]
 mod dice;
 #[cfg(doctest)]
@@ -87,13 +88,15 @@ mod redis;
 mod store;
 mod sync;
 mod time;
+mod under;
 
+pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
 pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
-pub use crate::limiter::{AsyncLimiter, Decision, Limiter, Refusal, Under};
+pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
 pub use crate::observe::Responses;
 pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
@@ -104,3 +107,4 @@ pub use crate::redis::{
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};
+pub use crate::under::Under;

@@ -4,10 +4,12 @@
 
 use super::{BucketHandle, TokenBucketLimiter};
 use crate::bucket::{MOVED, RETIRED};
+use crate::decision::Decision;
 use crate::error::Denial;
 use crate::gcra::{self, Quota};
-use crate::limiter::{AsyncLimiter, Decision, Limiter, Under};
+use crate::limiter::{AsyncLimiter, Limiter};
 use crate::time::{At, Nanos};
+use crate::under::Under;
 use std::borrow::Borrow;
 use std::future::{ready, Future};
 use std::hash::{BuildHasher, Hash};

@@ -18,7 +18,7 @@
 
 use super::{BucketHandle, TokenBucketLimiter};
 use crate::gcra::Quota;
-use crate::limiter::Under;
+use crate::under::Under;
 use std::hash::{BuildHasher, Hash};
 
 /// # Changing the default quota

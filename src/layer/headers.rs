@@ -1,9 +1,9 @@
 //! The HTTP side of a decision: the rate-limit header fields of
 //! draft-ietf-httpapi-ratelimit-headers, and the response to a refusal.
 
+use crate::decision::{Decision, Refusal};
 use crate::error::Denial;
 use crate::gcra::Quota;
-use crate::limiter::{Decision, Refusal};
 use crate::observe::Status;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};

@@ -7,8 +7,8 @@ use super::error::{FailurePolicy, RedisLimiterError};
 use super::limiter::RedisLimiter;
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
 use crate::gcra::Quota;
-use crate::limiter::Under;
 use crate::observe::Stats;
+use crate::under::Under;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The failure policy and the typed errors of the Redis limiters.
 
+use crate::decision::Refusal;
 use crate::error::Denial;
-use crate::limiter::Refusal;
 use ::redis::{ErrorKind, RedisError};
 use std::fmt;
 use std::time::Duration;

@@ -3,8 +3,9 @@
 use super::call::{Outcome, Step};
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
+use crate::decision::Decision;
 use crate::gcra::Quota;
-use crate::limiter::{AsyncLimiter, Decision};
+use crate::limiter::AsyncLimiter;
 use crate::time::At;
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use std::fmt;
