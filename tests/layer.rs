@@ -4,7 +4,7 @@
 
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer, RateLimitService};
+use keyrate::layer::{api_key_header, bearer_token, Limited, RateLimitLayer, RateLimitService};
 use keyrate::{ManualClock, TokenBucketLimiter};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -345,4 +345,26 @@ async fn a_backend_that_cannot_decide_gets_503_and_the_inner_service_is_not_call
     );
     assert_eq!(calls.load(Relaxed), 0);
     assert_eq!(layer.responses().unavailable, 1);
+}
+
+/// What the inner service sees of the key: the key itself, in
+/// `Limited`, whose `Debug` (say, a request logged whole) shows a
+/// fingerprint.
+#[tokio::test]
+async fn limited_debug_shows_a_fingerprint() {
+    let key = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5));
+    let service = RateLimitLayer::new(limiter, bearer_token).layer(service_fn(
+        |request: Request<()>| async move {
+            let limited = request.extensions().get::<Limited>().unwrap();
+            let shown = format!("{limited:?} {:?}", request.extensions());
+            Ok::<_, Infallible>(Response::new(format!("{}\n{shown}", limited.key)))
+        },
+    ));
+    let response = service.oneshot(bearer(key)).await.unwrap();
+    let (own, shown) = response.body().split_once('\n').unwrap();
+    assert_eq!(own, key);
+    assert!(!shown.contains("4eC39"), "{shown}");
+    let label = keyrate::KeyLabels::fingerprint().label(key);
+    assert!(shown.contains(&label), "{shown}");
 }

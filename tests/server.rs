@@ -150,6 +150,12 @@ fn promtool_check(text: &str) {
     );
 }
 
+/// The `key` label `/metrics` shows for `key`: its fingerprint (the test
+/// and the server share the process's default secret).
+fn label(key: &str) -> String {
+    keyrate::KeyLabels::fingerprint().label(key)
+}
+
 /// The value of the series `series` (name and labels, as rendered).
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
@@ -270,9 +276,14 @@ async fn a_key_that_keeps_hammering_is_disconnected_with_1008() {
                 denied += 1;
                 // Mid-attack, the operator's scrape names the abuser, with
                 // its exact count (one server thread: one sketch, not full).
+                // By its fingerprint: the scrape never shows the key.
                 let text = server.scrape().await;
-                let series = r#"keyrate_offender_denials{key="abuser",limiter="synthesis"}"#;
-                assert_eq!(sample(&text, series), Some(denied as f64), "{text}");
+                assert!(!text.contains("abuser"), "{text}");
+                let series = format!(
+                    r#"keyrate_offender_denials{{key="{}",limiter="synthesis"}}"#,
+                    label("abuser")
+                );
+                assert_eq!(sample(&text, &series), Some(denied as f64), "{text}");
                 let series =
                     r#"keyrate_denied_total{limiter="synthesis",reason="insufficient_tokens"}"#;
                 assert_eq!(sample(&text, series), Some(denied as f64));
@@ -410,8 +421,13 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
             format!(r#"keyrate_http_responses_total{{limiter="synthesis",status="{status}"}}"#);
         assert_eq!(sample(&text, &series), Some(count), "{series}\n{text}");
     }
-    let series = r#"keyrate_offender_denials{key="http-key",limiter="synthesis"}"#;
-    assert_eq!(sample(&text, series), Some(2.0), "{text}");
+    // By fingerprint: the scrape never shows the key.
+    assert!(!text.contains("http-key"), "{text}");
+    let series = format!(
+        r#"keyrate_offender_denials{{key="{}",limiter="synthesis"}}"#,
+        label("http-key")
+    );
+    assert_eq!(sample(&text, &series), Some(2.0), "{text}");
 }
 
 /// Upgrade requests in a row for `key` until one is refused; how many were

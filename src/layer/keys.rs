@@ -2,8 +2,11 @@
 //! the inner service about the key it admitted.
 
 use crate::gcra::Quota;
+use crate::observe::Shown;
 use http::header::HeaderName;
 use http::request::Parts;
+use std::fmt;
+use std::hash::Hash;
 
 /// The `X-API-Key` header name read by [`api_key_header`].
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -26,13 +29,25 @@ pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 /// }
 /// # assert_eq!(handler(http::Request::new(())), "not rate-limited");
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Its `Debug` shows the key as its fingerprint (see
+/// [`KeyLabels`](crate::KeyLabels)), never the raw key.
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Limited<K = String> {
     /// The key the layer's key function extracted.
     pub key: K,
     /// The quota the request was admitted under.
     pub quota: Quota,
+}
+
+impl<K: Hash + fmt::Debug> fmt::Debug for Limited<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limited")
+            .field("key", &Shown(&self.key))
+            .field("quota", &self.quota)
+            .finish()
+    }
 }
 
 /// Reads the key from `Authorization: Bearer <token>`.

@@ -3,6 +3,7 @@
 //! memory shared with other threads.
 
 mod counters;
+mod label;
 mod offenders;
 #[cfg(feature = "tower")]
 mod responses;
@@ -12,6 +13,9 @@ pub use counters::Stats;
 #[cfg(feature = "tower")]
 use counters::Striped;
 pub(crate) use counters::{Cell, Counters};
+#[cfg(feature = "tower")]
+pub(crate) use label::Shown;
+pub use label::{KeyLabels, MAX_KEY_LABEL_LEN};
 pub(crate) use offenders::OffenderSketch;
 pub use offenders::{Offenders, OFFENDER_SLOTS};
 #[cfg(feature = "tower")]
