@@ -1,5 +1,6 @@
 //! Issue 24, secure by default: what keyrate shows of a key outside the
-//! caller's code (fingerprints, never raw keys).
+//! caller's code (fingerprints, never raw keys), and the offenders' list
+//! that a flood of one-shot keys cannot pollute.
 #![cfg(not(loom))]
 
 use keyrate::{KeyLabels, TokenBucketLimiter, MAX_KEY_LABEL_LEN};
@@ -93,6 +94,53 @@ fn metrics_label_offenders_by_fingerprint() {
     let series = format!(r#"keyrate_offender_denials{{key="{SECRET_KEY}",limiter="api"}} 1"#);
     assert!(raw.render().contains(&series));
     assert!(!format!("{raw:?}").contains("4eC39"));
+}
+
+/// A small deterministic generator for the flood's keys and costs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// One real abuser (denied for want of tokens) and a flood of one-shot
+/// random keys that spend nothing: costs above the capacity (413 at the
+/// layer) and new keys at the cap (503). The flood is not an offence, so
+/// the abuser stays listed, alone, with its exact count.
+#[test]
+fn one_abuser_stays_listed_under_a_flood_of_one_shot_keys() {
+    let limiter = TokenBucketLimiter::new(1.0, 2)
+        .with_top_offenders(true)
+        .with_max_buckets(1);
+    let abuser = "sk_live_abuser0000000000000000";
+    assert!(limiter.allow_n(abuser, 1.0, 2));
+    for _ in 0..50 {
+        assert!(!limiter.allow(abuser, 1.0));
+    }
+    let mut rng = Rng(42);
+    // One thread, so the flood goes through the abuser's own sketch.
+    for i in 0..100_000 {
+        let key = format!("sk_live_{:032x}", rng.next());
+        let cost = if i % 2 == 0 { 3 } else { 1 };
+        assert!(!limiter.allow_n(key.as_str(), 1.0, cost));
+    }
+    let offenders = limiter.top_offenders(5);
+    assert_eq!(
+        offenders.top,
+        vec![(abuser.to_owned(), 50)],
+        "{offenders:?}"
+    );
+    assert_eq!((offenders.denials, offenders.max_error), (50, 0));
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.denied_exceeds_capacity, stats.denied_limiter_full),
+        (50_000, 50_000)
+    );
 }
 
 #[test]

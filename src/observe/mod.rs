@@ -62,7 +62,7 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
     }
 
     /// Records a decided call on `key` (`now`: its validated timestamp):
-    /// counts it, and a denial at a valid time in the offenders' sketch.
+    /// counts it, and an offence (see `offence`) in the offenders' sketch.
     #[inline]
     pub(crate) fn decided<Q>(
         &self,
@@ -79,7 +79,7 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
         }
         let slot = slot::index();
         self.counters.decided_at(slot, cost, result);
-        if let (Err(_), Some(now), Some(offenders)) = (result, now, &self.offenders) {
+        if let (Some(now), Some(offenders)) = (offence(result, now), &self.offenders) {
             offenders.record(slot, self.hasher.hash_one(key), now, || key.to_owned());
         }
     }
@@ -99,6 +99,20 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
             key,
             hash,
         })))
+    }
+}
+
+/// The instant of a decision that counts as an offence, if it does: a
+/// denial for want of tokens ([`Denial::InsufficientTokens`]), which only a
+/// key that has a bucket, and has spent it, can get. Other denials spend
+/// nothing and need no bucket (a cost above the capacity, a new key at the
+/// cap, a bad timestamp): a flood of one-shot random keys could get them
+/// for free, and would push real offenders out of the sketch.
+#[inline]
+fn offence(result: Result<(), &Denial>, now: Option<u64>) -> Option<u64> {
+    match result {
+        Err(Denial::InsufficientTokens { .. }) => now,
+        _ => None,
     }
 }
 
@@ -124,7 +138,7 @@ where
         let observer = &self.observer;
         let slot = slot::index();
         observer.counters.decided_at(slot, cost, result);
-        if let (Err(_), Some(now), Some(offenders)) = (result, now, &observer.offenders) {
+        if let (Some(now), Some(offenders)) = (offence(result, now), &observer.offenders) {
             offenders.record(slot, self.hash, now, || self.key.clone());
         }
     }

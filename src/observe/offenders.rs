@@ -2,7 +2,8 @@
 //! sketches over a rotating pair of epochs, merged on read.
 //!
 //! Each thread slot (see `slot`) has its own sketch of
-//! [`OFFENDER_SLOTS`](crate::OFFENDER_SLOTS) counters per epoch. A denial
+//! [`OFFENDER_SLOTS`](crate::OFFENDER_SLOTS) counters per epoch. An
+//! offence (a denial for want of tokens, see `Observer::decided`)
 //! hashes its key with the limiter's hasher and looks the hash up among the
 //! current epoch's counters: a key already there costs a load and a store
 //! on memory only this thread writes. A key not there takes a free counter,
@@ -34,6 +35,12 @@ pub const OFFENDER_SLOTS: usize = 32;
 /// The keys denied most often in a recent window, with approximate counts.
 ///
 /// Returned by [`TokenBucketLimiter::top_offenders`](crate::TokenBucketLimiter::top_offenders).
+/// A denial counts when it is for want of tokens
+/// ([`Denial::InsufficientTokens`](crate::Denial::InsufficientTokens)),
+/// which only a key that has a bucket, and has spent it, can get: denials
+/// that spend nothing (a cost above the capacity, a new key at the cap)
+/// would let a flood of random one-shot keys push real offenders out of
+/// the list for free.
 ///
 /// # Keys
 ///
