@@ -273,7 +273,12 @@ async fn a_full_limiter_answers_503_for_new_keys_only() {
     );
     let refused = call(&mut service, bearer("second")).await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header(&refused, "retry-after"), None);
+    // A documented small wait: room comes back as the sweep evicts.
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(
+        keyrate::layer::LIMITER_FULL_RETRY_AFTER,
+        Duration::from_secs(1)
+    );
     // The key that holds a bucket is unaffected.
     assert_eq!(
         call(&mut service, bearer("first")).await.status(),

@@ -1,9 +1,13 @@
 //! Issue 24, secure by default: what keyrate shows of a key outside the
-//! caller's code (fingerprints, never raw keys), and the offenders' list
-//! that a flood of one-shot keys cannot pollute.
+//! caller's code (fingerprints, never raw keys), the bucket cap that
+//! handles count toward, and the offenders' list that a flood of one-shot
+//! keys cannot pollute.
 #![cfg(not(loom))]
 
-use keyrate::{KeyLabels, TokenBucketLimiter, MAX_KEY_LABEL_LEN};
+mod common;
+
+use common::api_key;
+use keyrate::{Decision, Denial, KeyLabels, Quota, TokenBucketLimiter, MAX_KEY_LABEL_LEN};
 use std::sync::Arc;
 
 /// A key that must never be shown outside the test.
@@ -106,6 +110,105 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
+}
+
+/// A limiter at its cap, flooded with random keys by every kind of call
+/// (keyed calls, `try_bucket`, `bucket`): the flood gets `LimiterFull`,
+/// the buckets held never exceed the cap, and the keys that held buckets
+/// before (keyed and through handles) get exactly the decisions that a
+/// limiter without a cap and without the flood gives them.
+#[test]
+fn a_flood_of_random_keys_at_the_cap_changes_nothing_for_keys_with_buckets() {
+    const KEYED: u64 = 16;
+    const HANDLES: u64 = 16;
+    const CAP: usize = (KEYED + HANDLES) as usize;
+    let quota = Quota::new(20.0, 10).unwrap();
+    let capped = TokenBucketLimiter::with_quota(quota).with_max_buckets(CAP);
+    let reference = TokenBucketLimiter::with_quota(quota);
+    let full = Denial::LimiterFull { max_buckets: CAP };
+
+    // The keys that hold buckets: half keyed, half through handles, each
+    // spent at 0 so that none is full (and evictable) when the flood
+    // starts.
+    let keyed: Vec<String> = (0..KEYED).map(api_key).collect();
+    let handles: Vec<_> = (KEYED..KEYED + HANDLES)
+        .map(|i| {
+            let key = api_key(i);
+            (capped.try_bucket(key.as_str()).unwrap(), key)
+        })
+        .collect();
+    for key in &keyed {
+        assert_eq!(
+            capped.check(key.as_str(), 0.0, 5),
+            reference.check(key.as_str(), 0.0, 5)
+        );
+    }
+    for (handle, key) in &handles {
+        assert_eq!(handle.check(0.0, 5), reference.check(key.as_str(), 0.0, 5));
+    }
+    assert_eq!(capped.len(), CAP);
+
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 1..=400u32 {
+        let at = f64::from(round) * 0.05;
+        // The flood: new keys every round, by every kind of call.
+        for _ in 0..50 {
+            let key = format!("sk_live_{:032x}", rng.next());
+            let decided: Result<Decision, Denial> = match rng.next() % 3 {
+                0 => capped.check(key.as_str(), at, 1 + rng.next() % 10),
+                1 => capped
+                    .try_bucket(key.as_str())
+                    .map(|_| unreachable!("at the cap")),
+                _ => capped.bucket(key.as_str()).check(at, 1),
+            };
+            assert_eq!(decided, Err(full));
+        }
+        assert!(capped.len() <= CAP, "{} buckets, cap {CAP}", capped.len());
+        // The keys with buckets: exact, call for call.
+        for key in &keyed {
+            let cost = 1 + rng.next() % 3;
+            let expected = reference.check(key.as_str(), at, cost);
+            assert_eq!(
+                capped.check(key.as_str(), at, cost),
+                expected,
+                "{key} at {at}"
+            );
+        }
+        for (handle, key) in &handles {
+            let cost = 1 + rng.next() % 3;
+            let expected = reference.check(key.as_str(), at, cost);
+            assert_eq!(handle.check(at, cost), expected, "{key} at {at}");
+        }
+    }
+    let stats = capped.stats();
+    assert_eq!(stats.buckets_created, CAP as u64);
+    assert!(stats.denied_limiter_full >= 400 * 50 / 3);
+}
+
+#[test]
+fn handles_count_toward_the_cap() {
+    let limiter = TokenBucketLimiter::new(1.0, 2)
+        .with_max_buckets(2)
+        .with_auto_sweep(false);
+    let a = limiter.bucket("a");
+    let b = limiter.try_bucket("b").unwrap();
+    let full = Denial::LimiterFull { max_buckets: 2 };
+    assert_eq!(limiter.try_bucket("c").unwrap_err(), full);
+    // `bucket` at the cap: a handle that refuses, and no bucket.
+    let c = limiter.bucket("c");
+    assert_eq!(c.check(0.0, 1), Err(full));
+    assert!(!c.allow(0.0));
+    assert_eq!(limiter.check("c", 0.0, 1), Err(full));
+    assert_eq!(limiter.len(), 2);
+    // A key that has a bucket gets handles at the cap.
+    let a2 = limiter.try_bucket("a").unwrap();
+    assert!(a.allow_n(0.0, 1) && a2.allow_n(0.0, 1) && !a.allow(0.0));
+    assert!(b.allow(0.0));
+    // Room comes back when pinned buckets are released and swept.
+    drop((a, a2));
+    assert_eq!(limiter.sweep(10.0), 1);
+    assert!(limiter.try_bucket("c").is_ok());
+    assert_eq!(limiter.len(), 2);
 }
 
 /// One real abuser (denied for want of tokens) and a flood of one-shot

@@ -12,7 +12,8 @@
 //! | admitted | the inner service's response, plus `RateLimit-Policy` and `RateLimit` (the tokens left) |
 //! | over the limit | `429 Too Many Requests` with `Retry-After`, `RateLimit-Policy` and `RateLimit` |
 //! | cost above the capacity | `413 Content Too Large`, no `Retry-After`: no wait can help |
-//! | any other refusal (the limiter full, its clock out of range, its backend down and failing closed) | `503 Service Unavailable` |
+//! | the limiter at its bucket cap | `503 Service Unavailable` with `Retry-After: 1` ([`LIMITER_FULL_RETRY_AFTER`]) |
+//! | any other refusal (its clock out of range, its backend down and failing closed) | `503 Service Unavailable` |
 //!
 //! The rate-limit fields follow the structured-field form of
 //! draft-ietf-httpapi-ratelimit-headers (revisions 09 to 11):
@@ -37,7 +38,7 @@
 mod headers;
 mod keys;
 
-pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
+pub use self::headers::{LIMITER_FULL_RETRY_AFTER, RATELIMIT, RATELIMIT_POLICY};
 pub use self::keys::{api_key_header, bearer_token, Limited, X_API_KEY};
 
 use self::headers::Fields;
