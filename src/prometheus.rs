@@ -19,7 +19,7 @@
 //! | `keyrate_buckets` | gauge | (in-memory limiters) |
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender, the key's label (below) |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
-//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `503`; `limiter` is the layer's name |
+//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
 //!
 //! # Keys
 //!
@@ -36,8 +36,8 @@
 //! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
-//! arrive; a layer contributes 5. So `n` limiters and `m` layers expose at
-//! most `n * (15 + top) + 5 * m` series.
+//! arrive; a layer contributes 6. So `n` limiters and `m` layers expose at
+//! most `n * (15 + top) + 6 * m` series.
 
 use crate::keyed::TokenBucketLimiter;
 use crate::observe::{KeyLabels, Offenders, Stats};
@@ -102,7 +102,7 @@ where
 }
 
 /// A reader of a layer's responses.
-type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 5] + Send + Sync>;
+type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
 
 /// The limiters and layers to expose, and how many offenders to list.
 ///
@@ -251,6 +251,7 @@ impl Metrics {
                 ("401", r.unauthorized),
                 ("413", r.payload_too_large),
                 ("429", r.too_many_requests),
+                ("431", r.key_too_large),
                 ("503", r.unavailable),
             ]
         };

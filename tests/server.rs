@@ -408,6 +408,13 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
+    // A key header above the bound: 431, before anything is spent.
+    let response = post(Some(&"k".repeat(10_000)), "hi".into()).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+
     // The layer counted each response by status.
     let text = server.scrape().await;
     for (status, count) in [
@@ -415,6 +422,7 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         ("401", 1.0),
         ("413", 1.0),
         ("429", 1.0),
+        ("431", 1.0),
         ("503", 0.0),
     ] {
         let series =

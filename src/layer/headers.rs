@@ -110,6 +110,15 @@ pub(super) fn unauthorized<B: Default>() -> Response<B> {
     response
 }
 
+/// The response to a request whose key header is above the layer's bound:
+/// `431 Request Header Fields Too Large`, as RFC 6585 has it for one
+/// oversized field; no `Retry-After`: the same key never fits.
+pub(super) fn key_too_large<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
+    response
+}
+
 /// Whole seconds, rounded up.
 fn ceil_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
