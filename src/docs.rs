@@ -33,6 +33,10 @@ pub struct RedisDoctests;
 #[doc = include_str!("../docs/observability.md")]
 pub struct ObservabilityDoctests;
 
+/// docs/security.md.
+#[doc = include_str!("../docs/security.md")]
+pub struct SecurityDoctests;
+
 /// docs/design.md.
 #[doc = include_str!("../docs/design.md")]
 pub struct DesignDoctests;

@@ -99,7 +99,9 @@ pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
 pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
 pub use crate::observe::Responses;
-pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
+pub use crate::observe::{
+    KeyLabels, Offenders, Stats, DEFAULT_OFFENDER_WINDOW, MAX_KEY_LABEL_LEN, OFFENDER_SLOTS,
+};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingConnection, BlockingRedisLimiter, FailurePolicy, RedisDenial, RedisErrorKind,

@@ -17,24 +17,30 @@
 //! | `keyrate_mirror_denials_total` | counter | (Redis limiters: denials decided locally, with no round trip) |
 //! | `keyrate_hot_key_promotions_total` | counter | (in-memory limiters: keys taken into a thread's hot-key cache) |
 //! | `keyrate_buckets` | gauge | (in-memory limiters) |
-//! | `keyrate_offender_denials` | gauge | `key`: one series per top offender |
+//! | `keyrate_offender_denials` | gauge | `key`: one series per top offender, the key's label (below) |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
-//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `503`; `limiter` is the layer's name |
+//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
+//!
+//! # Keys
+//!
+//! A key appears only as the `key` label of `keyrate_offender_denials`,
+//! shown by the [`KeyLabels`] policy of [`with_key_labels`](Metrics::with_key_labels):
+//! by default a fingerprint (`sk_live_#` and a keyed hash of the whole key,
+//! see [`KeyLabels`]), never the raw key, which a scrape endpoint that
+//! anyone can read would otherwise publish for any key that got one 429.
+//! Labels are at most 64 bytes. [`KeyLabels::raw`] shows keys that are not
+//! secrets; [`KeyLabels::with`] your own function (key -> customer id).
 //!
 //! # Cardinality
 //!
 //! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
-//! arrive; a layer contributes 5. So `n` limiters and `m` layers expose at
-//! most `n * (15 + top) + 5 * m` series.
-//!
-//! Keys appear as label values (by their `Display`): if your keys are
-//! secrets (API keys), key the limiter by a non-secret id, or do not expose
-//! offenders (`with_top_offenders(0)`).
+//! arrive; a layer contributes 6. So `n` limiters and `m` layers expose at
+//! most `n * (15 + top) + 6 * m` series.
 
 use crate::keyed::TokenBucketLimiter;
-use crate::observe::{Offenders, Stats};
+use crate::observe::{KeyLabels, Offenders, Stats};
 use ::prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -52,7 +58,8 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub trait Observe: Send + Sync {
     /// The limiter's counters.
     fn stats(&self) -> Stats;
-    /// The `n` keys denied most, as label values; none by default.
+    /// The `n` keys denied most, as text (raw: [`Metrics`] labels them);
+    /// none by default.
     fn top_offenders(&self, n: usize) -> Offenders<String> {
         let _ = n;
         Offenders {
@@ -95,7 +102,7 @@ where
 }
 
 /// A reader of a layer's responses.
-type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 5] + Send + Sync>;
+type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
 
 /// The limiters and layers to expose, and how many offenders to list.
 ///
@@ -113,12 +120,16 @@ type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 5] + Send + Sync>;
 /// assert!(!limiter.allow("mallory", 0.0));
 /// let text = metrics.render();
 /// assert!(text.contains(r#"keyrate_admitted_total{limiter="api"} 2"#));
-/// assert!(text.contains(r#"keyrate_offender_denials{key="mallory",limiter="api"} 1"#));
+/// // The offender by its fingerprint, never its raw key.
+/// let label = keyrate::KeyLabels::fingerprint().label("mallory");
+/// assert!(text.contains(&format!(r#"keyrate_offender_denials{{key="{label}",limiter="api"}} 1"#)));
+/// assert!(!text.contains("mallory"));
 /// ```
 pub struct Metrics {
     limiters: Vec<(String, Arc<dyn Observe>)>,
     layers: Vec<(String, ResponsesFn)>,
     top: usize,
+    labels: KeyLabels,
 }
 
 impl fmt::Debug for Metrics {
@@ -129,6 +140,7 @@ impl fmt::Debug for Metrics {
             .field("limiters", &limiters)
             .field("layers", &layers)
             .field("top", &self.top)
+            .field("labels", &self.labels)
             .finish()
     }
 }
@@ -147,7 +159,38 @@ impl Metrics {
             limiters: Vec::new(),
             layers: Vec::new(),
             top: DEFAULT_TOP_OFFENDERS,
+            labels: KeyLabels::default(),
         }
+    }
+
+    /// Shows offenders' keys in the `key` label by `labels` instead of
+    /// the default fingerprint ([`KeyLabels::fingerprint`], under the
+    /// process's default secret).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::{KeyLabels, TokenBucketLimiter};
+    /// use std::sync::Arc;
+    ///
+    /// // Keyed by tenant ids, which are not secrets: shown as they are.
+    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1).with_top_offenders(true));
+    /// let metrics = Metrics::new().with_key_labels(KeyLabels::raw()).limiter("api", limiter.clone());
+    /// assert!(limiter.allow("tenant-7", 0.0) && !limiter.allow("tenant-7", 0.0));
+    /// assert!(metrics.render().contains(r#"keyrate_offender_denials{key="tenant-7",limiter="api"} 1"#));
+    ///
+    /// // A fleet's processes share a secret, so their labels agree.
+    /// let shared = Metrics::new()
+    ///     .with_key_labels(KeyLabels::fingerprint_with_secret(b"from the vault"))
+    ///     .limiter("api", limiter.clone());
+    /// let label = KeyLabels::fingerprint_with_secret(b"from the vault").label("tenant-7");
+    /// assert!(shared.render().contains(&format!(r#"{{key="{label}",limiter="api"}} 1"#)));
+    /// ```
+    #[must_use]
+    pub fn with_key_labels(mut self, labels: KeyLabels) -> Self {
+        self.labels = labels;
+        self
     }
 
     /// Lists at most `n` offenders per limiter (0: none).
@@ -208,6 +251,7 @@ impl Metrics {
                 ("401", r.unauthorized),
                 ("413", r.payload_too_large),
                 ("429", r.too_many_requests),
+                ("431", r.key_too_large),
                 ("503", r.unavailable),
             ]
         };
@@ -319,7 +363,7 @@ impl Metrics {
             if let Some(n) = source.buckets() {
                 buckets.with_label_values(l).set(saturate(n as u64));
             }
-            let offenders = source.top_offenders(self.top);
+            let offenders = source.top_offenders(self.top).labelled(&self.labels);
             for (key, count) in offenders.top.iter().take(self.top) {
                 offender
                     .with_label_values(&[name.as_str(), key.as_str()])

@@ -4,7 +4,7 @@
 
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer, RateLimitService};
+use keyrate::layer::{api_key_header, bearer_token, Limited, RateLimitLayer, RateLimitService};
 use keyrate::{ManualClock, TokenBucketLimiter};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -273,7 +273,12 @@ async fn a_full_limiter_answers_503_for_new_keys_only() {
     );
     let refused = call(&mut service, bearer("second")).await;
     assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(header(&refused, "retry-after"), None);
+    // A documented small wait: room comes back as the sweep evicts.
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(
+        keyrate::layer::LIMITER_FULL_RETRY_AFTER,
+        Duration::from_secs(1)
+    );
     // The key that holds a bucket is unaffected.
     assert_eq!(
         call(&mut service, bearer("first")).await.status(),
@@ -345,4 +350,87 @@ async fn a_backend_that_cannot_decide_gets_503_and_the_inner_service_is_not_call
     );
     assert_eq!(calls.load(Relaxed), 0);
     assert_eq!(layer.responses().unavailable, 1);
+}
+
+/// Key headers above the bound (256 bytes by default) get 431 before the
+/// key function runs: nothing is copied, spent or created.
+#[tokio::test]
+async fn oversized_key_headers_get_431_and_spend_nothing() {
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5).with_clock(ManualClock::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let extracted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&extracted);
+    let layer = RateLimitLayer::new(Arc::clone(&limiter), move |parts: &Parts| {
+        counted.fetch_add(1, Relaxed);
+        bearer_token(parts).or_else(|| api_key_header(parts))
+    });
+    let mut service = layer.layer(inner(&calls));
+    let api_key = |key: &str| Request::get("/").header("x-api-key", key).body(()).unwrap();
+    let max = keyrate::layer::DEFAULT_MAX_KEY_LEN;
+    assert_eq!(max, 256);
+
+    let fits = "k".repeat(max);
+    assert_eq!(
+        call(&mut service, bearer(&fits)).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&mut service, api_key(&fits)).await.status(),
+        StatusCode::OK
+    );
+    let over = "k".repeat(max + 1);
+    for request in [bearer(&over), api_key(&over), bearer(&"k".repeat(200_000))] {
+        let response = call(&mut service, request).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        assert_eq!(header(&response, "retry-after"), None);
+    }
+    // Any scheme: the token is measured, not parsed.
+    let basic = Request::get("/")
+        .header("authorization", format!("Basic {over}"))
+        .body(())
+        .unwrap();
+    let response = call(&mut service, basic).await;
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert_eq!(calls.load(Relaxed), 2);
+    assert_eq!(extracted.load(Relaxed), 2);
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.stats().buckets_created, 1);
+    let responses = layer.responses();
+    assert_eq!((responses.admitted, responses.key_too_large), (2, 4));
+
+    // The bound is the layer's to set.
+    let wide = RateLimitLayer::new(Arc::clone(&limiter), bearer_token).with_max_key_len(1024);
+    let mut wide = wide.layer(inner(&calls));
+    assert_eq!(
+        call(&mut wide, bearer(&over)).await.status(),
+        StatusCode::OK
+    );
+}
+
+/// What the inner service sees of the key: the key itself, in
+/// `Limited`, whose `Debug` (say, a request logged whole) shows a
+/// fingerprint.
+#[tokio::test]
+async fn limited_debug_shows_a_fingerprint() {
+    let key = "sk_live_4eC39HqLyjWDarjtT1zdp7dc";
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5));
+    let service = RateLimitLayer::new(limiter, bearer_token).layer(service_fn(
+        |request: Request<()>| async move {
+            let limited = request.extensions().get::<Limited>().unwrap();
+            let shown = format!("{limited:?} {:?}", request.extensions());
+            Ok::<_, Infallible>(Response::new(format!("{}\n{shown}", limited.key)))
+        },
+    ));
+    let response = service.oneshot(bearer(key)).await.unwrap();
+    let (own, shown) = response.body().split_once('\n').unwrap();
+    assert_eq!(own, key);
+    assert!(!shown.contains("4eC39"), "{shown}");
+    let label = keyrate::KeyLabels::fingerprint().label(key);
+    assert!(shown.contains(&label), "{shown}");
 }

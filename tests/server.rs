@@ -34,7 +34,11 @@ const LIMITS: Limits = Limits {
     synth_burst: 300,
     max_queue: Duration::ZERO, // deny at once: the clock only moves when told
     max_strikes: 3,
+    max_buckets: 1000,
 };
+
+/// The admin token the test server is configured with.
+const ADMIN_TOKEN: &str = "test-admin-token-7d1f0c2a";
 
 struct Server {
     addr: SocketAddr,
@@ -42,8 +46,12 @@ struct Server {
 }
 
 async fn start() -> Server {
+    start_with(LIMITS, Some(ADMIN_TOKEN)).await
+}
+
+async fn start_with(limits: Limits, admin_token: Option<&str>) -> Server {
     let clock = ManualClock::new();
-    let app = App::new(LIMITS, clock.clone());
+    let app = App::new(limits, clock.clone()).with_admin_token(admin_token);
     let addr = streaming_app::spawn(&app, 0)
         .await
         .expect("bind a loopback port");
@@ -148,6 +156,12 @@ fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The `key` label `/metrics` shows for `key`: its fingerprint (the test
+/// and the server share the process's default secret).
+fn label(key: &str) -> String {
+    keyrate::KeyLabels::fingerprint().label(key)
 }
 
 /// The value of the series `series` (name and labels, as rendered).
@@ -270,9 +284,14 @@ async fn a_key_that_keeps_hammering_is_disconnected_with_1008() {
                 denied += 1;
                 // Mid-attack, the operator's scrape names the abuser, with
                 // its exact count (one server thread: one sketch, not full).
+                // By its fingerprint: the scrape never shows the key.
                 let text = server.scrape().await;
-                let series = r#"keyrate_offender_denials{key="abuser",limiter="synthesis"}"#;
-                assert_eq!(sample(&text, series), Some(denied as f64), "{text}");
+                assert!(!text.contains("abuser"), "{text}");
+                let series = format!(
+                    r#"keyrate_offender_denials{{key="{}",limiter="synthesis"}}"#,
+                    label("abuser")
+                );
+                assert_eq!(sample(&text, &series), Some(denied as f64), "{text}");
                 let series =
                     r#"keyrate_denied_total{limiter="synthesis",reason="insufficient_tokens"}"#;
                 assert_eq!(sample(&text, series), Some(denied as f64));
@@ -397,6 +416,13 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
 
+    // A key header above the bound: 431, before anything is spent.
+    let response = post(Some(&"k".repeat(10_000)), "hi".into()).await.unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+
     // The layer counted each response by status.
     let text = server.scrape().await;
     for (status, count) in [
@@ -404,14 +430,20 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
         ("401", 1.0),
         ("413", 1.0),
         ("429", 1.0),
+        ("431", 1.0),
         ("503", 0.0),
     ] {
         let series =
             format!(r#"keyrate_http_responses_total{{limiter="synthesis",status="{status}"}}"#);
         assert_eq!(sample(&text, &series), Some(count), "{series}\n{text}");
     }
-    let series = r#"keyrate_offender_denials{key="http-key",limiter="synthesis"}"#;
-    assert_eq!(sample(&text, series), Some(2.0), "{text}");
+    // The 413 is no offence (it spent nothing): one 429, by fingerprint.
+    assert!(!text.contains("http-key"), "{text}");
+    let series = format!(
+        r#"keyrate_offender_denials{{key="{}",limiter="synthesis"}}"#,
+        label("http-key")
+    );
+    assert_eq!(sample(&text, &series), Some(1.0), "{text}");
 }
 
 /// Upgrade requests in a row for `key` until one is refused; how many were
@@ -464,14 +496,14 @@ async fn plans_get_their_own_bursts_and_change_live() {
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     let mut bad = doubled.clone();
     bad["connect_burst"] = json!(0);
-    let response = admin("free", "admin-secret", bad).await.unwrap();
+    let response = admin("free", ADMIN_TOKEN, bad).await.unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     assert_eq!(connections_admitted(&server, "sk_free_1").await, 0);
 
     // Double the free burst, live. sk_free_1 spent its whole burst at the
     // same instant: it misses `free` tokens' time, which is half of the new
     // bucket, so it gets `free` more at once; a new free key gets 2 * free.
-    let response = admin("free", "admin-secret", doubled).await.unwrap();
+    let response = admin("free", ADMIN_TOKEN, doubled).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(connections_admitted(&server, "sk_free_1").await, free);
     assert_eq!(connections_admitted(&server, "sk_free_2").await, 2 * free);
@@ -481,4 +513,152 @@ async fn plans_get_their_own_bursts_and_change_live() {
     };
     let free_policy = policy("connections", 2 * free, LIMITS.connect_rate);
     assert_eq!(header(&response, "ratelimit-policy"), free_policy);
+}
+
+/// An HTTP request with an optional admin token and a raw body.
+fn admin_request(
+    server: &Server,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: impl Into<Bytes>,
+) -> http::Request<Full<Bytes>> {
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", server.addr))
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("x-admin-token", token);
+    }
+    request.body(Full::new(body.into())).unwrap()
+}
+
+#[tokio::test]
+async fn every_admin_route_needs_the_token_checked_before_the_body() {
+    let server = start().await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let send = |method: &str, path: &str, token: Option<&str>, body: &'static str| {
+        client.request(admin_request(&server, method, path, token, body))
+    };
+    let plan = r#"{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}"#;
+
+    // Listing the plans needs the token too.
+    for token in [
+        None,
+        Some("wrong"),
+        Some(&ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1]),
+    ] {
+        let response = send("GET", "/admin/plans", token, "").await.unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    }
+    let response = send("GET", "/admin/plans", Some(ADMIN_TOKEN), "")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let plans: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(plans["free"]["connect_burst"], LIMITS.connect_burst);
+
+    // A wrong token is refused before the body is looked at: a body that
+    // is not JSON, or too large to read, still gets 401.
+    let response = send("PUT", "/admin/plans/free", Some("wrong"), "not json")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let huge = admin_request(
+        &server,
+        "PUT",
+        "/admin/plans/free",
+        None,
+        "x".repeat(1 << 20),
+    );
+    assert_eq!(
+        client.request(huge).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    // With the token, the body is read: too large is refused, bad JSON too.
+    let huge = "x".repeat(1 << 20);
+    let huge = admin_request(&server, "PUT", "/admin/plans/free", Some(ADMIN_TOKEN), huge);
+    assert_eq!(
+        client.request(huge).await.unwrap().status(),
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    let response = send("PUT", "/admin/plans/free", Some(ADMIN_TOKEN), "not json")
+        .await
+        .unwrap();
+    assert!(response.status().is_client_error());
+
+    // Only the plans that exist can be changed.
+    let response = send("PUT", "/admin/plans/enterprise", Some(ADMIN_TOKEN), plan)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let response = send("GET", "/admin/plans", Some(ADMIN_TOKEN), "")
+        .await
+        .unwrap();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let plans: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(plans.as_object().unwrap().len(), 2, "{plans}");
+
+    // Quotas are bounded.
+    let unbounded =
+        r#"{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":1000000000000}"#;
+    let response = send("PUT", "/admin/plans/free", Some(ADMIN_TOKEN), unbounded)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let fast = r#"{"connect_rate":1e9,"connect_burst":5,"synth_rate":500,"synth_burst":2000}"#;
+    let response = send("PUT", "/admin/plans/pro", Some(ADMIN_TOKEN), fast)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let response = send("PUT", "/admin/plans/pro", Some(ADMIN_TOKEN), plan)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn without_an_admin_token_the_admin_routes_are_off() {
+    let server = start_with(LIMITS, None).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let plan = r#"{"connect_rate":1,"connect_burst":50,"synth_rate":500,"synth_burst":2000}"#;
+    // Not even the old default token opens them.
+    for token in [None, Some("admin-secret"), Some("")] {
+        let list = admin_request(&server, "GET", "/admin/plans", token, "");
+        assert_eq!(
+            client.request(list).await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+        let set = admin_request(&server, "PUT", "/admin/plans/free", token, plan);
+        assert_eq!(
+            client.request(set).await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+    assert_eq!(
+        connections_admitted(&server, "sk_free_1").await,
+        LIMITS.connect_burst
+    );
+}
+
+#[tokio::test]
+async fn at_the_bucket_cap_new_keys_get_503_with_retry_after() {
+    let limits = Limits {
+        max_buckets: 2,
+        ..LIMITS
+    };
+    let server = start_with(limits, None).await;
+    let (_first, _) = server.connect("first").await.unwrap();
+    let (_second, _) = server.connect("second").await.unwrap();
+    let refused = server.connect("third").await.unwrap_err();
+    let WsError::Http(refused) = refused else {
+        panic!("expected an HTTP refusal, got {refused}");
+    };
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&refused, "retry-after"), "1");
+    // The keys that hold buckets are unaffected.
+    let (mut socket, _) = server.connect("first").await.unwrap();
+    let reply = frame(send(&mut socket, json!({"type": "open", "context_id": "c"})).await);
+    assert_eq!(reply["type"], "context_opened", "{reply}");
 }

@@ -31,11 +31,22 @@
 //! **Plans.** Keys starting `sk_pro_` are on the `pro` plan, every other
 //! key on `free`; each plan has its own quotas for both budgets, applied
 //! per request (`RateLimitLayer::with_quota`) and per message
-//! (`BucketHandle::under`). `PUT /admin/plans/{name}` (header
-//! `X-Admin-Token`) changes a plan live, body
-//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}`;
+//! (`BucketHandle::under`). `PUT /admin/plans/{free,pro}` changes a plan
+//! live, body
+//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}`
+//! (each within [`PLAN_BOUNDS`]; another plan name is refused with 404);
 //! keys that already have buckets keep their time until full, turned into
 //! tokens by the new quota. `GET /admin/plans` lists them.
+//!
+//! **Safe to copy.** The admin routes exist only when the app is given an
+//! admin token ([`App::with_admin_token`]; the server reads it from
+//! `KEYRATE_ADMIN_TOKEN` or `--admin-token`), and every one of them needs
+//! it in `X-Admin-Token`, compared in constant time before the request's
+//! body is read (bodies above 4 KiB are refused). `/metrics` names top
+//! offenders by their key's fingerprint, never the key. Key headers above
+//! 256 bytes get 431, and each limiter holds at most
+//! [`Limits::max_buckets`] buckets (a handle's too): a WebSocket upgrade
+//! refused at the cap gets 503 with `Retry-After`.
 //!
 //! A request denied while the client should still be waiting (before the
 //! retry-after of an earlier denial) is a strike; an admitted request clears
@@ -49,13 +60,14 @@
 #![allow(dead_code)]
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use keyrate::layer::{api_key_header, bearer_token, RateLimitLayer};
+use keyrate::layer::{api_key_header, bearer_token, Limited, RateLimitLayer};
 use keyrate::prometheus::{Metrics, CONTENT_TYPE};
 use keyrate::{
     AsyncLimiter, BucketHandle, Clock, ConfigError, Decision, Denial, Limiter, Now, Quota,
@@ -66,6 +78,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
 /// The close code for a key that keeps ignoring `retry_after` (RFC 6455,
@@ -88,6 +101,9 @@ pub struct Limits {
     pub max_queue: Duration,
     /// Denials ignored in a row before the connection is closed.
     pub max_strikes: u32,
+    /// Buckets each limiter holds at most (handles included): the memory
+    /// bound under a flood of new keys.
+    pub max_buckets: usize,
 }
 
 impl Default for Limits {
@@ -99,9 +115,25 @@ impl Default for Limits {
             synth_burst: 2000,
             max_queue: Duration::from_millis(50),
             max_strikes: 5,
+            max_buckets: 100_000,
         }
     }
 }
+
+/// The most a plan may grant, per key: an admin mistake (or a stolen
+/// admin token) cannot set a quota that makes the limits meaningless.
+pub const PLAN_BOUNDS: Limits = Limits {
+    connect_rate: 1_000.0,
+    connect_burst: 10_000,
+    synth_rate: 1_000_000.0,
+    synth_burst: 10_000_000,
+    max_queue: Duration::ZERO,
+    max_strikes: 0,
+    max_buckets: 0,
+};
+
+/// The largest admin request body read.
+const ADMIN_BODY_LIMIT: usize = 4 * 1024;
 
 /// One plan: the quota of each budget.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,6 +143,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan of these limits, if they are within [`PLAN_BOUNDS`].
+    fn bounded(limits: &Limits) -> Result<Self, String> {
+        let bounds = PLAN_BOUNDS;
+        let within = limits.connect_rate <= bounds.connect_rate
+            && limits.connect_burst <= bounds.connect_burst
+            && limits.synth_rate <= bounds.synth_rate
+            && limits.synth_burst <= bounds.synth_burst;
+        if !within {
+            return Err(format!(
+                "quotas are bounded: connect_rate <= {}, connect_burst <= {}, \
+                 synth_rate <= {}, synth_burst <= {}",
+                bounds.connect_rate, bounds.connect_burst, bounds.synth_rate, bounds.synth_burst
+            ));
+        }
+        Plan::from_limits(limits).map_err(|err| err.to_string())
+    }
+
     /// The plan of these limits.
     pub fn from_limits(limits: &Limits) -> Result<Self, ConfigError> {
         Ok(Plan {
@@ -167,11 +216,16 @@ impl Plans {
             .expect("a free plan")
     }
 
-    fn set(&self, name: &str, plan: Plan) {
-        self.0
-            .write()
-            .expect("plans lock")
-            .insert(name.to_owned(), plan);
+    /// Replaces the plan called `name`; false (and nothing changes) if
+    /// there is no such plan: the plans are fixed, their quotas are not.
+    fn set(&self, name: &str, plan: Plan) -> bool {
+        match self.0.write().expect("plans lock").get_mut(name) {
+            Some(old) => {
+                *old = plan;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -182,8 +236,9 @@ pub struct App {
     pub connections: Arc<TokenBucketLimiter>,
     pub synthesis: Arc<TokenBucketLimiter>,
     pub plans: Arc<Plans>,
-    /// The token `PUT /admin/plans/{name}` needs in `X-Admin-Token`.
-    pub admin_token: Arc<str>,
+    /// The token every admin route needs in `X-Admin-Token`; `None`: the
+    /// admin routes are off.
+    admin_token: Option<AdminToken>,
     /// The limiters' clock, for telling when a client retries too early.
     pub clock: Arc<dyn Clock>,
 }
@@ -194,25 +249,43 @@ impl App {
     pub fn new(limits: Limits, clock: impl Clock + Clone + 'static) -> Self {
         App {
             plans: Arc::new(Plans::new(&limits)),
-            admin_token: Arc::from("admin-secret"),
+            admin_token: None,
             limits,
             connections: Arc::new(
                 TokenBucketLimiter::new(limits.connect_rate, limits.connect_burst)
                     .with_top_offenders(true)
+                    .with_max_buckets(limits.max_buckets)
                     .with_clock(clock.clone()),
             ),
             synthesis: Arc::new(
                 TokenBucketLimiter::new(limits.synth_rate, limits.synth_burst)
                     .with_top_offenders(true)
+                    .with_max_buckets(limits.max_buckets)
                     .with_clock(clock.clone()),
             ),
             clock: Arc::new(clock),
         }
     }
 
-    /// The routes: `GET /v1/stream` (WebSocket), `POST /v1/tts` (HTTP) and
+    /// Turns the admin routes on, behind `token` (from the operator's
+    /// configuration); `None` or an empty token leaves them off.
+    pub fn with_admin_token(mut self, token: Option<&str>) -> Self {
+        self.admin_token = token
+            .filter(|t| !t.is_empty())
+            .map(|t| AdminToken(Arc::from(t)));
+        self
+    }
+
+    /// Whether the admin routes are on.
+    pub fn admin_routes(&self) -> bool {
+        self.admin_token.is_some()
+    }
+
+    /// The routes: `GET /v1/stream` (WebSocket), `POST /v1/tts` (HTTP),
     /// `GET /metrics` (Prometheus text: both budgets' counters and top
-    /// offenders, and both layers' responses by status).
+    /// offenders by fingerprint, and both layers' responses by status),
+    /// and, with an admin token, `GET /admin/plans` and
+    /// `PUT /admin/plans/{name}`.
     pub fn router(&self) -> Router {
         let plans = Arc::clone(&self.plans);
         let connect_layer = RateLimitLayer::new(Arc::clone(&self.connections), api_key)
@@ -227,8 +300,8 @@ impl App {
             .with_quota(move |parts: &Parts| {
                 Some(plans.get(Plans::name_for(&api_key(parts)?)).synthesis)
             });
-        // The example's API keys are labels here; a real service would key
-        // its limiters by a non-secret customer id (see keyrate::prometheus).
+        // Offenders are labelled by their key's fingerprint (the default
+        // `KeyLabels`): the scrape never shows an API key.
         let metrics = Arc::new(
             Metrics::new()
                 .limiter("connections", self.connections.clone())
@@ -242,13 +315,56 @@ impl App {
                 metrics.render(),
             )
         });
-        Router::new()
+        let mut router = Router::new()
             .route("/v1/stream", get(stream).route_layer(connect_layer))
             .route("/v1/tts", post(tts).route_layer(tts_layer))
-            .route("/metrics", scrape)
-            .route("/admin/plans", get(list_plans))
-            .route("/admin/plans/{name}", put(set_plan))
-            .with_state(self.clone())
+            .route("/metrics", scrape);
+        if let Some(token) = &self.admin_token {
+            // Every admin route, checked before any body is read.
+            let admin = Router::new()
+                .route("/admin/plans", get(list_plans))
+                .route("/admin/plans/{name}", put(set_plan))
+                .route_layer(middleware::from_fn_with_state(
+                    token.clone(),
+                    require_admin_token,
+                ))
+                .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT));
+            router = router.merge(admin);
+        }
+        router.with_state(self.clone())
+    }
+}
+
+/// The admin token: a secret, so its `Debug` does not show it.
+#[derive(Clone)]
+struct AdminToken(Arc<str>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken([REDACTED])")
+    }
+}
+
+/// Admin routes: `X-Admin-Token` must equal the configured token, compared
+/// in constant time (`subtle`; only the lengths' equality shows), from the
+/// headers alone: the body is not read before this passes.
+async fn require_admin_token(
+    State(AdminToken(token)): State<AdminToken>,
+    request: Request,
+    next: middleware::Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get("x-admin-token")
+        .map_or(&[][..], |v| v.as_bytes());
+    if bool::from(given.ct_eq(token.as_bytes())) {
+        next.run(request).await
+    } else {
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(error("unauthorized", "X-Admin-Token is missing or wrong")),
+        )
+            .into_response()
     }
 }
 
@@ -291,17 +407,13 @@ async fn list_plans(State(app): State<App>) -> Response {
     Json(Value::Object(plans)).into_response()
 }
 
-/// `PUT /admin/plans/{name}`: replaces a plan's quotas, live.
+/// `PUT /admin/plans/{name}`: replaces a plan's quotas, live (the token
+/// was checked first, by `require_admin_token`).
 async fn set_plan(
     State(app): State<App>,
     Path(name): Path<String>,
-    headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let token = headers.get("x-admin-token").and_then(|v| v.to_str().ok());
-    if token != Some(&*app.admin_token) {
-        return StatusCode::UNAUTHORIZED.into_response();
-    }
     let (Some(connect_rate), Some(connect_burst), Some(synth_rate), Some(synth_burst)) = (
         body["connect_rate"].as_f64(),
         body["connect_burst"].as_u64(),
@@ -318,17 +430,21 @@ async fn set_plan(
         synth_burst,
         ..app.limits
     };
-    match Plan::from_limits(&limits) {
-        Ok(plan) => {
-            app.plans.set(&name, plan);
-            Json(plan.to_json()).into_response()
+    let plan = match Plan::bounded(&limits) {
+        Ok(plan) => plan,
+        Err(message) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(error("invalid_quota", &message)),
+            )
+                .into_response()
         }
-        Err(err) => (
-            StatusCode::BAD_REQUEST,
-            Json(error("invalid_quota", &err.to_string())),
-        )
-            .into_response(),
+    };
+    if !app.plans.set(&name, plan) {
+        let message = "the plans are free and pro";
+        return (StatusCode::NOT_FOUND, Json(error("unknown_plan", message))).into_response();
     }
+    Json(plan.to_json()).into_response()
 }
 
 /// `POST /v1/tts`: synthesizes the body's text in one response (simulated).
@@ -344,16 +460,36 @@ async fn tts(parts: Parts, body: String) -> Response {
 }
 
 /// `GET /v1/stream`: the layer has admitted the connection; resolve the
-/// key's buckets once, then serve the socket.
+/// key's buckets once (refused with 503 and `Retry-After` when a limiter
+/// holds its maximum of buckets), then serve the socket.
 async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> Response {
-    // The layer refused requests without a key, so this is always `Some`.
-    let Some(key) = api_key(&parts) else {
+    // The layer admitted the request under this key (bounded in size).
+    let Some(Limited { key, .. }) = parts.extensions.get::<Limited>() else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
+    let handles = app
+        .connections
+        .try_bucket(key.as_str())
+        .and_then(|connections| Ok((connections, app.synthesis.try_bucket(key.as_str())?)));
+    let (connections, synthesis) = match handles {
+        Ok(handles) => handles,
+        Err(denial) => {
+            let retry_after = keyrate::layer::LIMITER_FULL_RETRY_AFTER
+                .as_secs()
+                .to_string();
+            let message = denial.to_string();
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, retry_after)],
+                Json(error("unavailable", &message)),
+            )
+                .into_response();
+        }
+    };
     let session = Session {
-        connections: app.connections.bucket(key.as_str()),
-        synthesis: app.synthesis.bucket(key.as_str()),
-        plan: Plans::name_for(&key),
+        connections,
+        synthesis,
+        plan: Plans::name_for(key),
         app,
         contexts: HashSet::new(),
         retry_at: None,

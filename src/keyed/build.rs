@@ -135,8 +135,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     ///
     /// When the cap is reached and an automatic sweep frees nothing, a call
     /// for a key without a bucket is denied with [`Denial::LimiterFull`](crate::Denial::LimiterFull)
-    /// (fail closed), while keys that already have a bucket keep working
-    /// exactly as before. Memory then stays bounded whatever keys arrive.
+    /// (fail closed), and so is a handle for one
+    /// ([`try_bucket`](Self::try_bucket)), while keys that already have a
+    /// bucket keep working exactly as before (a bucket that is full at a
+    /// sweep is evicted: its key is then a new key again). Every bucket
+    /// counts, a handle's too, so the buckets held never exceed
+    /// `max_buckets` whatever keys arrive; the memory they hold is that
+    /// times the bytes of a key, so bound the keys' size too (the tower
+    /// layer refuses keys above 256 bytes by default).
     ///
     /// # Examples
     ///
@@ -146,13 +152,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// let limiter = TokenBucketLimiter::new(1.0, 2).with_max_buckets(1);
     /// assert!(limiter.allow("a", 0.0));
     /// assert_eq!(limiter.check("b", 0.0, 1), Err(Denial::LimiterFull { max_buckets: 1 }));
+    /// assert_eq!(limiter.try_bucket("b").unwrap_err(), Denial::LimiterFull { max_buckets: 1 });
     /// assert!(limiter.allow("a", 0.0));
+    /// assert_eq!(limiter.len(), 1);
     /// ```
     #[must_use]
     pub fn with_max_buckets(mut self, max_buckets: usize) -> Self {
         self.occupancy.max_buckets = max_buckets;
-        // Buckets made before the cap count toward it.
-        self.occupancy.held = CachePadded::new(AtomicUsize::new(self.buckets.len()));
+        // Buckets made before the cap (outside its reservations) count
+        // toward it.
+        self.occupancy.held = CachePadded::new(AtomicUsize::new(0));
+        self.occupancy.add(self.buckets.len());
         self
     }
 

@@ -1,7 +1,7 @@
 //! Moving a bucket out of its map entry into an `Arc` that handles and
 //! hot-key caches hold.
 
-use super::{BucketHandle, TokenBucketLimiter};
+use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
 use crate::observe::Cell;
 use crate::sync::Arc;
@@ -13,7 +13,7 @@ use std::hash::{BuildHasher, Hash};
 #[derive(Clone)]
 pub(super) struct Moved {
     pub(super) bucket: Arc<Bucket>,
-    /// Held by every [`BucketHandle`] on this bucket, and by the entry: a
+    /// Held by every [`BucketHandle`](super::BucketHandle) on this bucket, and by the entry: a
     /// count above 1 keeps the bucket from being evicted. Hot-key caches
     /// hold `bucket` only, so they never keep it.
     pub(super) pin: Arc<()>,
@@ -43,7 +43,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Moves the bucket of `key`'s entry (held under its shard's write
     /// lock) to `moved`, if it is not there yet; returns a clone of the
     /// `moved` entry.
-    fn move_to_arc<Q>(&self, key: &Q, bucket: &mut Bucket) -> Moved
+    pub(super) fn move_to_arc<Q>(&self, key: &Q, bucket: &mut Bucket) -> Moved
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -64,59 +64,5 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             },
             |moved| moved.clone(),
         )
-    }
-
-    /// A handle on `key`'s bucket that spends with no map lookup, for a
-    /// connection that resolves its API key once and then spends on every
-    /// message. It shares the bucket with keyed calls on the same key.
-    ///
-    /// A bucket with a live handle is never evicted, so the handle stays
-    /// valid however long it lives; once every handle is dropped, the bucket
-    /// is evicted like any other.
-    ///
-    /// # Locking behaviour
-    ///
-    /// Takes the shard's write lock once; the handle's own calls take no
-    /// lock at all.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyrate::TokenBucketLimiter;
-    ///
-    /// let limiter = TokenBucketLimiter::new(1.0, 2);
-    /// let handle = limiter.bucket("sk_live_abc");
-    /// assert!(handle.allow(0.0));
-    /// assert!(limiter.allow("sk_live_abc", 0.0));
-    /// assert!(!handle.allow(0.0));
-    /// ```
-    #[must_use]
-    pub fn bucket<Q>(&self, key: &Q) -> BucketHandle
-    where
-        // A handle records its denials under a copy of its key.
-        K: Borrow<Q> + Clone + Send + Sync,
-        S: Send + Sync + 'static,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        // A handle's bucket counts toward the cap like any other, but the
-        // cap never refuses a handle: a connection that holds one must work.
-        let mut inserted = false;
-        let init = || {
-            inserted = true;
-            self.observer.created()
-        };
-        let Moved { bucket, pin } = self
-            .buckets
-            .write(key, init, |bucket| self.move_to_arc(key, bucket));
-        if inserted {
-            self.occupancy.add(1);
-        }
-        BucketHandle {
-            quota: std::sync::Arc::clone(&self.quota),
-            bucket,
-            _pin: pin,
-            clock: std::sync::Arc::clone(&self.clock),
-            tally: self.observer.for_handle(key.to_owned()),
-        }
     }
 }

@@ -61,10 +61,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.observed(on, offenders, window)
     }
 
-    /// Tracks the keys denied most (off by default): every denial at a
-    /// valid timestamp is then counted in the calling thread's sketch of
-    /// offenders, read by [`top_offenders`](Self::top_offenders). Call it
-    /// when making the limiter: it starts the counters afresh.
+    /// Tracks the keys denied most (off by default): every denial for want
+    /// of tokens ([`Denial::InsufficientTokens`](crate::Denial::InsufficientTokens))
+    /// is then counted in the calling thread's sketch of offenders, read by
+    /// [`top_offenders`](Self::top_offenders). Call it when making the
+    /// limiter: it starts the counters afresh.
     ///
     /// The sketch writes only the calling thread's memory, but it hashes the
     /// denied key on every denial: on a key hammered from two threads it
@@ -157,7 +158,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// each count is within `denials / OFFENDER_SLOTS` of the truth.
     ///
     /// Denials of keyed calls and of [`BucketHandle`](crate::BucketHandle)s
-    /// both count, whatever the reason, except at an invalid timestamp.
+    /// both count, when they are for want of tokens
+    /// ([`Denial::InsufficientTokens`](crate::Denial::InsufficientTokens)):
+    /// only a key that has a bucket, and spent it, gets one. Denials that
+    /// spend nothing (a cost above the capacity, a new key at the cap, an
+    /// invalid timestamp) do not count, so a flood of one-shot random keys
+    /// cannot push a real offender out of the list.
+    ///
+    /// The keys are returned as they are (they are the caller's); the
+    /// list's `Debug` shows fingerprints, and
+    /// [`Offenders::labelled`] makes the list to export.
     ///
     /// # Locking behaviour
     ///

@@ -14,6 +14,13 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// The `RateLimit` header name (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
+/// The `Retry-After` of a `503` for a limiter at its bucket cap
+/// ([`Denial::LimiterFull`]): one second. Room comes back as the automatic
+/// sweep evicts idle buckets, which new keys' calls pay for, so no exact
+/// wait is known; a second spreads the retries of a refused client without
+/// keeping it out long.
+pub const LIMITER_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// One policy's header fields, by its name.
 #[derive(Debug)]
 pub(super) struct Fields {
@@ -75,9 +82,16 @@ impl Fields {
             Some(Denial::ExceedsCapacity { .. }) => {
                 (StatusCode::PAYLOAD_TOO_LARGE, Status::PayloadTooLarge)
             }
-            // The limiter is full, its clock out of range, or its backend
-            // down under a fail-closed policy: the server's condition, not
-            // the client's doing.
+            // The limiter holds its maximum of buckets: the server's
+            // condition, which the sweep lifts.
+            Some(Denial::LimiterFull { .. }) => {
+                let secs = ceil_secs(LIMITER_FULL_RETRY_AFTER);
+                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+                (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable)
+            }
+            // Its clock out of range, or its backend down under a
+            // fail-closed policy: the server's condition, not the client's
+            // doing, with no known end.
             _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
         };
         headers.insert(RATELIMIT_POLICY, self.policy(quota));
@@ -93,6 +107,15 @@ pub(super) fn unauthorized<B: Default>() -> Response<B> {
     response
         .headers_mut()
         .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// The response to a request whose key header is above the layer's bound:
+/// `431 Request Header Fields Too Large`, as RFC 6585 has it for one
+/// oversized field; no `Retry-After`: the same key never fits.
+pub(super) fn key_too_large<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
     response
 }
 

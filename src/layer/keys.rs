@@ -2,8 +2,11 @@
 //! the inner service about the key it admitted.
 
 use crate::gcra::Quota;
+use crate::observe::Shown;
 use http::header::HeaderName;
 use http::request::Parts;
+use std::fmt;
+use std::hash::Hash;
 
 /// The `X-API-Key` header name read by [`api_key_header`].
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -26,7 +29,10 @@ pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 /// }
 /// # assert_eq!(handler(http::Request::new(())), "not rate-limited");
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Its `Debug` shows the key as its fingerprint (see
+/// [`KeyLabels`](crate::KeyLabels)), never the raw key.
+#[derive(Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Limited<K = String> {
     /// The key the layer's key function extracted.
@@ -35,11 +41,45 @@ pub struct Limited<K = String> {
     pub quota: Quota,
 }
 
+impl<K: Hash + fmt::Debug> fmt::Debug for Limited<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limited")
+            .field("key", &Shown(&self.key))
+            .field("quota", &self.quota)
+            .finish()
+    }
+}
+
+/// The longest key the layer accepts by default, in bytes (see
+/// [`RateLimitLayer::with_max_key_len`](crate::RateLimitLayer::with_max_key_len)).
+pub const DEFAULT_MAX_KEY_LEN: usize = 256;
+
+/// Whether a key header holds more than `max` bytes of key: the token of
+/// `Authorization` (what follows its scheme) or the value of `X-API-Key`,
+/// the fields that [`bearer_token`] and [`api_key_header`] read, measured
+/// without copying them.
+pub(super) fn oversized(parts: &Parts, max: usize) -> bool {
+    let token = |value: &[u8]| {
+        let value = value.trim_ascii();
+        match value.iter().position(|&b| b == b' ') {
+            Some(space) => value[space + 1..].trim_ascii().len(),
+            None => value.len(),
+        }
+    };
+    let authorization = parts.headers.get(http::header::AUTHORIZATION);
+    let api_key = parts.headers.get(X_API_KEY);
+    authorization.is_some_and(|v| token(v.as_bytes()) > max)
+        || api_key.is_some_and(|v| v.as_bytes().trim_ascii().len() > max)
+}
+
 /// Reads the key from `Authorization: Bearer <token>`.
 ///
 /// The scheme is matched case-insensitively; surrounding spaces are ignored.
 /// Returns `None` when the header is missing, not visible ASCII, uses
-/// another scheme, or carries an empty token.
+/// another scheme, or carries an empty token. It copies the token whatever
+/// its length: the layer refuses a token above its bound
+/// ([`DEFAULT_MAX_KEY_LEN`], 256 bytes) with 431 before it calls the key
+/// function; bound it yourself where you call it outside the layer.
 ///
 /// # Examples
 ///
@@ -71,6 +111,8 @@ pub fn bearer_token(parts: &Parts) -> Option<String> {
 /// Reads the key from the `X-API-Key` header.
 ///
 /// Returns `None` when the header is missing, not visible ASCII, or blank.
+/// Like [`bearer_token`], it copies the value whatever its length: the
+/// layer refuses one above its bound with 431 first.
 ///
 /// # Examples
 ///

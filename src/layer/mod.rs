@@ -8,11 +8,13 @@
 //!
 //! | outcome | response |
 //! |---|---|
+//! | a key header above the bound (`Authorization`'s token or `X-API-Key`, 256 bytes by default: [`with_max_key_len`](RateLimitLayer::with_max_key_len)) | `431 Request Header Fields Too Large`; the key function is not called, nothing spent |
 //! | no key | `401 Unauthorized` with `WWW-Authenticate: Bearer`; nothing spent |
 //! | admitted | the inner service's response, plus `RateLimit-Policy` and `RateLimit` (the tokens left) |
 //! | over the limit | `429 Too Many Requests` with `Retry-After`, `RateLimit-Policy` and `RateLimit` |
 //! | cost above the capacity | `413 Content Too Large`, no `Retry-After`: no wait can help |
-//! | any other refusal (the limiter full, its clock out of range, its backend down and failing closed) | `503 Service Unavailable` |
+//! | the limiter at its bucket cap | `503 Service Unavailable` with `Retry-After: 1` ([`LIMITER_FULL_RETRY_AFTER`]) |
+//! | any other refusal (its clock out of range, its backend down and failing closed) | `503 Service Unavailable` |
 //!
 //! The rate-limit fields follow the structured-field form of
 //! draft-ietf-httpapi-ratelimit-headers (revisions 09 to 11):
@@ -37,8 +39,8 @@
 mod headers;
 mod keys;
 
-pub use self::headers::{RATELIMIT, RATELIMIT_POLICY};
-pub use self::keys::{api_key_header, bearer_token, Limited, X_API_KEY};
+pub use self::headers::{LIMITER_FULL_RETRY_AFTER, RATELIMIT, RATELIMIT_POLICY};
+pub use self::keys::{api_key_header, bearer_token, Limited, DEFAULT_MAX_KEY_LEN, X_API_KEY};
 
 use self::headers::Fields;
 use crate::gcra::Quota;
@@ -124,6 +126,8 @@ struct Shared<L, F, C, P> {
     quota: P,
     fields: Fields,
     responses: ResponseCounts,
+    /// The most bytes of key a key header may hold.
+    max_key_len: usize,
 }
 
 impl<L, F, K> RateLimitLayer<L, F, K> {
@@ -159,6 +163,7 @@ impl<L, F, K> RateLimitLayer<L, F, K> {
                 quota: default_quota,
                 fields: Fields::new("default"),
                 responses: responses.clone(),
+                max_key_len: DEFAULT_MAX_KEY_LEN,
             }),
             responses,
             key: PhantomData,
@@ -221,6 +226,7 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
             quota: s.quota,
             fields: s.fields,
             responses: s.responses,
+            max_key_len: s.max_key_len,
         })
     }
 
@@ -259,6 +265,7 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
             quota,
             fields: s.fields,
             responses: s.responses,
+            max_key_len: s.max_key_len,
         })
     }
 
@@ -291,6 +298,50 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
             fields: Fields::new(name),
             ..s
         })
+    }
+
+    /// Refuses requests whose key header holds more than `max_key_len`
+    /// bytes of key (by default [`DEFAULT_MAX_KEY_LEN`], 256) with `431
+    /// Request Header Fields Too Large`, before the key function runs: the
+    /// token of `Authorization` (what follows its scheme, whatever the
+    /// scheme) and the value of `X-API-Key`, the headers that
+    /// [`bearer_token`] and [`api_key_header`] read. A key is copied into
+    /// the limiter's map, a thread's hot-key cache, the offenders' sketch
+    /// and the request's extensions, so its size bounds their memory. A
+    /// key function of your own that reads other headers bounds them
+    /// itself.
+    ///
+    /// # Panics
+    ///
+    /// If the layer was cloned before (configure it first).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::{bearer_token, RateLimitLayer};
+    /// use keyrate::TokenBucketLimiter;
+    /// use std::sync::Arc;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5));
+    /// let layer = RateLimitLayer::new(limiter, bearer_token).with_max_key_len(64);
+    /// let service = layer.layer(service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// }));
+    /// let bearer = |key: String| {
+    ///     http::Request::get("/").header("authorization", format!("Bearer {key}")).body(()).unwrap()
+    /// };
+    /// let fits = service.clone().oneshot(bearer("k".repeat(64))).await.unwrap();
+    /// assert_eq!(fits.status(), 200);
+    /// let too_long = service.clone().oneshot(bearer("k".repeat(65))).await.unwrap();
+    /// assert_eq!(too_long.status(), 431);
+    /// assert_eq!(layer.responses().key_too_large, 1);
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn with_max_key_len(self, max_key_len: usize) -> Self {
+        self.rebuild(|s| Shared { max_key_len, ..s })
     }
 
     /// The limiter the layer spends from.
@@ -327,6 +378,7 @@ impl<L: fmt::Debug, F, K, C, P> fmt::Debug for RateLimitLayer<L, F, K, C, P> {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.shared.limiter)
             .field("policy", &self.shared.fields)
+            .field("max_key_len", &self.shared.max_key_len)
             .finish_non_exhaustive()
     }
 }
@@ -344,8 +396,8 @@ impl<Svc, L, F, K, C, P> Layer<Svc> for RateLimitLayer<L, F, K, C, P> {
 }
 
 /// The service made by [`RateLimitLayer`]: spends from the request's key's
-/// bucket, then calls the inner service or answers 401 / 413 / 429 / 503
-/// itself.
+/// bucket, then calls the inner service or answers 401 / 413 / 429 / 431 /
+/// 503 itself.
 ///
 /// Cloning it clones the inner service and one [`Arc`]; the limiter and the
 /// key and cost functions are shared, never copied.
@@ -411,6 +463,10 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
+            if keys::oversized(&parts, shared.max_key_len) {
+                shared.responses.count(Status::KeyTooLarge);
+                return Ok(headers::key_too_large());
+            }
             let Some(key) = (shared.key)(&parts) else {
                 shared.responses.count(Status::Unauthorized);
                 return Ok(headers::unauthorized());

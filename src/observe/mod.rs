@@ -3,6 +3,7 @@
 //! memory shared with other threads.
 
 mod counters;
+mod label;
 mod offenders;
 #[cfg(feature = "tower")]
 mod responses;
@@ -12,6 +13,9 @@ pub use counters::Stats;
 #[cfg(feature = "tower")]
 use counters::Striped;
 pub(crate) use counters::{Cell, Counters};
+#[cfg(feature = "tower")]
+pub(crate) use label::Shown;
+pub use label::{KeyLabels, MAX_KEY_LABEL_LEN};
 pub(crate) use offenders::OffenderSketch;
 pub use offenders::{Offenders, OFFENDER_SLOTS};
 #[cfg(feature = "tower")]
@@ -58,7 +62,7 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
     }
 
     /// Records a decided call on `key` (`now`: its validated timestamp):
-    /// counts it, and a denial at a valid time in the offenders' sketch.
+    /// counts it, and an offence (see `offence`) in the offenders' sketch.
     #[inline]
     pub(crate) fn decided<Q>(
         &self,
@@ -75,7 +79,7 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
         }
         let slot = slot::index();
         self.counters.decided_at(slot, cost, result);
-        if let (Err(_), Some(now), Some(offenders)) = (result, now, &self.offenders) {
+        if let (Some(now), Some(offenders)) = (offence(result, now), &self.offenders) {
             offenders.record(slot, self.hasher.hash_one(key), now, || key.to_owned());
         }
     }
@@ -95,6 +99,20 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
             key,
             hash,
         })))
+    }
+}
+
+/// The instant of a decision that counts as an offence, if it does: a
+/// denial for want of tokens ([`Denial::InsufficientTokens`]), which only a
+/// key that has a bucket, and has spent it, can get. Other denials spend
+/// nothing and need no bucket (a cost above the capacity, a new key at the
+/// cap, a bad timestamp): a flood of one-shot random keys could get them
+/// for free, and would push real offenders out of the sketch.
+#[inline]
+fn offence(result: Result<(), &Denial>, now: Option<u64>) -> Option<u64> {
+    match result {
+        Err(Denial::InsufficientTokens { .. }) => now,
+        _ => None,
     }
 }
 
@@ -120,7 +138,7 @@ where
         let observer = &self.observer;
         let slot = slot::index();
         observer.counters.decided_at(slot, cost, result);
-        if let (Err(_), Some(now), Some(offenders)) = (result, now, &observer.offenders) {
+        if let (Some(now), Some(offenders)) = (offence(result, now), &observer.offenders) {
             offenders.record(slot, self.hash, now, || self.key.clone());
         }
     }

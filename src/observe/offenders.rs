@@ -2,7 +2,8 @@
 //! sketches over a rotating pair of epochs, merged on read.
 //!
 //! Each thread slot (see `slot`) has its own sketch of
-//! [`OFFENDER_SLOTS`](crate::OFFENDER_SLOTS) counters per epoch. A denial
+//! [`OFFENDER_SLOTS`](crate::OFFENDER_SLOTS) counters per epoch. An
+//! offence (a denial for want of tokens, see `Observer::decided`)
 //! hashes its key with the limiter's hasher and looks the hash up among the
 //! current epoch's counters: a key already there costs a load and a store
 //! on memory only this thread writes. A key not there takes a free counter,
@@ -16,11 +17,13 @@
 //! the sketches of the latest two epochs seen by any thread: the window
 //! covers the last one to two epoch lengths.
 
+use super::label::{KeyLabels, Shown};
 use super::slot;
 use crate::sync::unmodeled::{AtomicU64, AtomicUsize, Relaxed};
 use crossbeam_utils::CachePadded;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::fmt;
 use std::hash::Hash;
 use std::sync::OnceLock;
 
@@ -32,6 +35,19 @@ pub const OFFENDER_SLOTS: usize = 32;
 /// The keys denied most often in a recent window, with approximate counts.
 ///
 /// Returned by [`TokenBucketLimiter::top_offenders`](crate::TokenBucketLimiter::top_offenders).
+/// A denial counts when it is for want of tokens
+/// ([`Denial::InsufficientTokens`](crate::Denial::InsufficientTokens)),
+/// which only a key that has a bucket, and has spent it, can get: denials
+/// that spend nothing (a cost above the capacity, a new key at the cap)
+/// would let a flood of random one-shot keys push real offenders out of
+/// the list for free.
+///
+/// # Keys
+///
+/// `top` holds the keys themselves: they are the caller's. Its `Debug`
+/// shows each key as its fingerprint (see [`KeyLabels`]), never the raw
+/// key, and [`labelled`](Self::labelled) makes the list to export
+/// (metrics, logs) under a [`KeyLabels`] policy.
 ///
 /// # Error bound
 ///
@@ -59,8 +75,9 @@ pub const OFFENDER_SLOTS: usize = 32;
 /// assert_eq!(offenders.top, vec![("abuser".to_string(), 9)]);
 /// assert_eq!(offenders.denials, 9);
 /// assert_eq!(offenders.max_error, 0); // the sketch never filled up
+/// assert!(!format!("{offenders:?}").contains("abuser")); // a fingerprint
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Offenders<K> {
     /// The keys with the most denials, most first, each with its
@@ -71,6 +88,65 @@ pub struct Offenders<K> {
     pub max_error: u64,
     /// Denials counted in the window, over all keys.
     pub denials: u64,
+}
+
+impl<K> Offenders<K> {
+    /// The list to export: each key shown by `labels` (its `Display` text
+    /// labelled), keys that get the same label counted as one (their
+    /// counts added), most first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{KeyLabels, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1).with_top_offenders(true);
+    /// for key in ["sk_live_aaaaaaaa", "sk_live_aaaaaaaa", "sk_live_bbbbbbbb"] {
+    ///     let _ = limiter.allow(key, 0.0);
+    ///     let _ = limiter.allow(key, 0.0);
+    /// }
+    /// let offenders = limiter.top_offenders(10);
+    /// let exported = offenders.labelled(&KeyLabels::fingerprint());
+    /// assert!(exported.top[0].0.starts_with("sk_live_#"));
+    /// assert_eq!(exported.top[0].1, 3);
+    /// let by_customer = offenders.labelled(&KeyLabels::with(|_| "acme".to_owned()));
+    /// assert_eq!(by_customer.top, vec![("acme".to_owned(), 4)]);
+    /// ```
+    #[must_use]
+    pub fn labelled(&self, labels: &KeyLabels) -> Offenders<String>
+    where
+        K: fmt::Display,
+    {
+        let mut merged: Vec<(String, u64)> = Vec::with_capacity(self.top.len());
+        for (key, count) in &self.top {
+            let label = labels.label(&key.to_string());
+            match merged.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, total)) => *total += count,
+                None => merged.push((label, *count)),
+            }
+        }
+        merged.sort_by_key(|&(_, count)| std::cmp::Reverse(count));
+        Offenders {
+            top: merged,
+            max_error: self.max_error,
+            denials: self.denials,
+        }
+    }
+}
+
+impl<K: Hash + fmt::Debug> fmt::Debug for Offenders<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let top: Vec<_> = self
+            .top
+            .iter()
+            .map(|(key, count)| (Shown(key), count))
+            .collect();
+        f.debug_struct("Offenders")
+            .field("top", &top)
+            .field("max_error", &self.max_error)
+            .field("denials", &self.denials)
+            .finish()
+    }
 }
 
 /// A hash that marks a free counter; real hashes of 0 are stored as 1.

@@ -43,8 +43,13 @@ pub struct Responses {
     pub payload_too_large: u64,
     /// `429 Too Many Requests`.
     pub too_many_requests: u64,
-    /// `503 Service Unavailable`: the limiter full, or its clock out of range.
+    /// `503 Service Unavailable`: the limiter full, its clock out of range,
+    /// or its backend down (failing closed).
     pub unavailable: u64,
+    /// `431 Request Header Fields Too Large`: a key header above the
+    /// layer's bound (see
+    /// [`RateLimitLayer::with_max_key_len`](crate::RateLimitLayer::with_max_key_len)).
+    pub key_too_large: u64,
 }
 
 /// The statuses counted, in `Responses`' field order.
@@ -55,11 +60,12 @@ pub(crate) enum Status {
     PayloadTooLarge,
     TooManyRequests,
     Unavailable,
+    KeyTooLarge,
 }
 
 /// Striped counters of a layer's responses.
 #[derive(Clone)]
-pub(crate) struct ResponseCounts(Arc<Striped<5>>);
+pub(crate) struct ResponseCounts(Arc<Striped<6>>);
 
 impl ResponseCounts {
     pub(crate) fn new() -> Self {
@@ -72,7 +78,7 @@ impl ResponseCounts {
     }
 
     pub(crate) fn read(&self) -> Responses {
-        let [admitted, unauthorized, payload_too_large, too_many_requests, unavailable] =
+        let [admitted, unauthorized, payload_too_large, too_many_requests, unavailable, key_too_large] =
             self.0.sums();
         Responses {
             admitted,
@@ -80,6 +86,7 @@ impl ResponseCounts {
             payload_too_large,
             too_many_requests,
             unavailable,
+            key_too_large,
         }
     }
 }

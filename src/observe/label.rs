@@ -1,0 +1,406 @@
+//! How keyrate shows a key outside the caller's code: metrics labels,
+//! offender lists as exported, and the `Debug` of values that hold keys.
+//!
+//! API keys are secrets, so by default a key is shown as a fingerprint:
+//! a short non-secret prefix (`sk_live_`, or nothing) and a keyed hash of
+//! the whole key (SipHash-1-3 under a 128-bit secret). Two processes
+//! given the same secret show a key the same way; without one, each
+//! process draws its own at random. The raw key is shown only when the
+//! caller asks for it ([`KeyLabels::raw`]), or the caller's own function
+//! is applied ([`KeyLabels::with`], say key -> customer id).
+
+use siphasher::sip::SipHasher13;
+use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
+use std::collections::hash_map::RandomState;
+use std::fmt::{self, Write as _};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, OnceLock};
+
+/// The longest label shown, in bytes, unless
+/// [`KeyLabels::with_max_len`] says otherwise: a label is cut to this
+/// length at a character boundary.
+pub const MAX_KEY_LABEL_LEN: usize = 64;
+
+/// The prefix of a fingerprint is looked for within the key's first this
+/// many bytes.
+const PREFIX_WINDOW: usize = 12;
+
+/// The longest segment of a prefix (`sk`, `live`): a type tag, not key
+/// material.
+const PREFIX_SEGMENT: usize = 8;
+
+/// How keyrate shows a key outside the caller's code: a fingerprint (the
+/// default), the raw key (asked for explicitly), or the caller's own
+/// function of the key; always cut to [`MAX_KEY_LABEL_LEN`] bytes (or
+/// [`with_max_len`](Self::with_max_len)).
+///
+/// Used for the `key` label of `keyrate_offender_denials`
+/// (`keyrate::prometheus::Metrics::with_key_labels`, feature
+/// `prometheus`) and by [`Offenders::labelled`](crate::Offenders::labelled).
+/// The `Debug` of [`Offenders`](crate::Offenders) and of the layer's
+/// `Limited` always shows the default fingerprint.
+///
+/// # The fingerprint
+///
+/// `prefix#hash`: `hash` is 16 hex digits of SipHash-1-3, a keyed
+/// pseudo-random function, of the whole key under a 128-bit secret;
+/// without the secret, the label tells nothing about the rest of the key,
+/// and telling whether a guessed key has a given label takes the secret.
+/// `prefix` is the key's type tag when it has one: the part up to and
+/// including the last `_` within its first 12 bytes, when that part is
+/// ASCII letters, digits and `_`, made of segments of at most 8
+/// characters, and at most half the key (`sk_live_` in
+/// `sk_live_4eC39HqLyjWDarjtT1zdp7dc`; none in `ci-abuser`).
+///
+/// The secret is the process's default (see
+/// [`set_default_secret`](Self::set_default_secret); random per process
+/// unless set) or one given with
+/// [`fingerprint_with_secret`](Self::fingerprint_with_secret). Give every
+/// process of a fleet the same secret, so that their labels agree, and
+/// keep it as secret as the keys: with it, a short or guessable key can be
+/// found from its label by trying candidates.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::KeyLabels;
+///
+/// let labels = KeyLabels::fingerprint_with_secret(b"from the operator's vault");
+/// let label = labels.label("sk_live_4eC39HqLyjWDarjtT1zdp7dc");
+/// assert!(label.starts_with("sk_live_#") && label.len() == "sk_live_#".len() + 16);
+/// assert!(!label.contains("4eC39"));
+/// // Another process with the same secret agrees.
+/// assert_eq!(KeyLabels::fingerprint_with_secret(b"from the operator's vault")
+///     .label("sk_live_4eC39HqLyjWDarjtT1zdp7dc"), label);
+///
+/// assert_eq!(KeyLabels::raw().label("tenant-42"), "tenant-42");
+/// let by_customer = KeyLabels::with(|key| format!("customer {}", key.len()));
+/// assert_eq!(by_customer.label("abc"), "customer 3");
+/// ```
+#[derive(Clone)]
+pub struct KeyLabels {
+    show: Show,
+    max_len: usize,
+}
+
+#[derive(Clone)]
+enum Show {
+    /// Under this secret, or the process's default (`None`), read when a
+    /// label is made.
+    Fingerprint(Option<Secret>),
+    Raw,
+    With(Arc<dyn Fn(&str) -> String + Send + Sync>),
+}
+
+impl Default for KeyLabels {
+    /// [`KeyLabels::fingerprint`].
+    fn default() -> Self {
+        Self::fingerprint()
+    }
+}
+
+impl fmt::Debug for KeyLabels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret.
+        let show = match &self.show {
+            Show::Fingerprint(None) => "fingerprint (default secret)",
+            Show::Fingerprint(Some(_)) => "fingerprint (own secret)",
+            Show::Raw => "raw",
+            Show::With(_) => "caller's function",
+        };
+        f.debug_struct("KeyLabels")
+            .field("show", &show)
+            .field("max_len", &self.max_len)
+            .finish()
+    }
+}
+
+impl KeyLabels {
+    /// Fingerprints under the process's default secret (see
+    /// [`set_default_secret`](Self::set_default_secret)): the default.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// let labels = KeyLabels::fingerprint();
+    /// assert_eq!(labels.label("sk_test_abcdefgh"), labels.label("sk_test_abcdefgh"));
+    /// assert_ne!(labels.label("sk_test_abcdefgh"), labels.label("sk_test_abcdefgi"));
+    /// ```
+    #[must_use]
+    pub fn fingerprint() -> Self {
+        KeyLabels {
+            show: Show::Fingerprint(None),
+            max_len: MAX_KEY_LABEL_LEN,
+        }
+    }
+
+    /// Fingerprints under a secret of the caller's (any bytes; at least
+    /// 16 random ones). Processes given the same secret show a key alike.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// let a = KeyLabels::fingerprint_with_secret(b"0123456789abcdef");
+    /// let b = KeyLabels::fingerprint_with_secret(b"another secret!!");
+    /// assert_ne!(a.label("sk_live_xyz123456"), b.label("sk_live_xyz123456"));
+    /// ```
+    #[must_use]
+    pub fn fingerprint_with_secret(secret: &[u8]) -> Self {
+        KeyLabels {
+            show: Show::Fingerprint(Some(Secret::derive(secret))),
+            max_len: MAX_KEY_LABEL_LEN,
+        }
+    }
+
+    /// The raw key (cut to the maximum length): only for keys that are
+    /// not secrets, such as tenant ids.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// assert_eq!(KeyLabels::raw().label("tenant-7"), "tenant-7");
+    /// assert_eq!(KeyLabels::raw().label(&"x".repeat(100)).len(), 64);
+    /// ```
+    #[must_use]
+    pub fn raw() -> Self {
+        KeyLabels {
+            show: Show::Raw,
+            max_len: MAX_KEY_LABEL_LEN,
+        }
+    }
+
+    /// The caller's own function of the key (say, key -> customer id),
+    /// cut to the maximum length. Keys the function maps to the same
+    /// label are counted as one in exported offender lists.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// let labels = KeyLabels::with(|key| match key {
+    ///     "sk_live_abc" | "sk_live_def" => "acme".to_owned(),
+    ///     _ => "unknown".to_owned(),
+    /// });
+    /// assert_eq!(labels.label("sk_live_def"), "acme");
+    /// ```
+    #[must_use]
+    pub fn with(label: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        KeyLabels {
+            show: Show::With(Arc::new(label)),
+            max_len: MAX_KEY_LABEL_LEN,
+        }
+    }
+
+    /// Cuts labels to `max_len` bytes (at a character boundary) instead of
+    /// [`MAX_KEY_LABEL_LEN`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// assert_eq!(KeyLabels::raw().with_max_len(4).label("tenant-7"), "tena");
+    /// ```
+    #[must_use]
+    pub fn with_max_len(mut self, max_len: usize) -> Self {
+        self.max_len = max_len;
+        self
+    }
+
+    /// How `key` is shown.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// let label = KeyLabels::fingerprint().label("ci-abuser");
+    /// assert!(label.starts_with('#') && label.len() == 17); // no prefix
+    /// ```
+    #[must_use]
+    pub fn label(&self, key: &str) -> String {
+        let mut label = match &self.show {
+            Show::Fingerprint(secret) => {
+                let secret = secret.unwrap_or_else(default_secret);
+                fingerprint(prefix(key), secret.hash(key))
+            }
+            Show::Raw => key.to_owned(),
+            Show::With(label) => label(key),
+        };
+        truncate(&mut label, self.max_len);
+        label
+    }
+
+    /// Sets the process's default secret, which
+    /// [`fingerprint`](Self::fingerprint) and every `Debug` of a key use.
+    /// Call it at startup, before any key is shown: the first fingerprint
+    /// made without it fixes a random secret for the life of the process.
+    ///
+    /// Returns `false`, and changes nothing, if the default secret was
+    /// already fixed (by an earlier call, or by a first use).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// // At startup, from the operator's configuration:
+    /// let first = KeyLabels::set_default_secret(b"shared by the fleet");
+    /// assert!(first);
+    /// assert!(!KeyLabels::set_default_secret(b"too late"));
+    /// assert_eq!(
+    ///     KeyLabels::fingerprint().label("sk_live_abcdef123"),
+    ///     KeyLabels::fingerprint_with_secret(b"shared by the fleet").label("sk_live_abcdef123"),
+    /// );
+    /// ```
+    pub fn set_default_secret(secret: &[u8]) -> bool {
+        let mut set = false;
+        DEFAULT_SECRET.get_or_init(|| {
+            set = true;
+            Secret::derive(secret)
+        });
+        set
+    }
+}
+
+/// A SipHash key.
+#[derive(Clone, Copy)]
+struct Secret([u8; 16]);
+
+/// The process's default secret: set once, or drawn at random on first use.
+static DEFAULT_SECRET: OnceLock<Secret> = OnceLock::new();
+
+fn default_secret() -> Secret {
+    *DEFAULT_SECRET.get_or_init(Secret::random)
+}
+
+impl Secret {
+    /// A 128-bit key from any bytes: SipHash-1-3-128 of them under a fixed
+    /// key (domain separation), so every process derives the same key
+    /// from the same secret.
+    fn derive(secret: &[u8]) -> Secret {
+        // "keyrate key lab" "el secret v1.."
+        let mut hasher =
+            SipHasher13x128::new_with_keys(0x6b65_7972_6174_6520, 0x6c61_6265_6c20_7631);
+        hasher.write(secret);
+        Secret(hasher.finish128().as_bytes())
+    }
+
+    /// 128 random bits: std's `RandomState` is seeded from the operating
+    /// system's randomness once per thread; two of them (their keys differ)
+    /// hash a constant to two unpredictable words.
+    fn random() -> Secret {
+        let [a, b] = [RandomState::new(), RandomState::new()].map(|s| s.hash_one(0x6b65_7972_u64));
+        let mut key = [0; 16];
+        key[..8].copy_from_slice(&a.to_le_bytes());
+        key[8..].copy_from_slice(&b.to_le_bytes());
+        Secret(key)
+    }
+
+    /// SipHash-1-3 of `key` (through its `Hash`) under this secret.
+    fn hash<K: Hash + ?Sized>(&self, key: &K) -> u64 {
+        let mut hasher = SipHasher13::new_with_key(&self.0);
+        key.hash(&mut hasher);
+        hasher.finish()
+    }
+}
+
+/// `prefix#` and the hash in 16 hex digits.
+fn fingerprint(prefix: &str, hash: u64) -> String {
+    format!("{prefix}#{hash:016x}")
+}
+
+/// The key's non-secret type tag (see [`KeyLabels`]), or `""`.
+fn prefix(key: &str) -> &str {
+    let window = &key.as_bytes()[..key.len().min(PREFIX_WINDOW)];
+    let Some(end) = window.iter().rposition(|&b| b == b'_') else {
+        return "";
+    };
+    let prefix = &key[..=end];
+    let tag = prefix.split('_').filter(|s| !s.is_empty()).all(|segment| {
+        segment.len() <= PREFIX_SEGMENT && segment.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
+    if tag && 2 * prefix.len() <= key.len() {
+        prefix
+    } else {
+        ""
+    }
+}
+
+/// Cuts `label` to at most `max_len` bytes, at a character boundary.
+fn truncate(label: &mut String, max_len: usize) {
+    if label.len() > max_len {
+        let mut end = max_len;
+        while !label.is_char_boundary(end) {
+            end -= 1;
+        }
+        label.truncate(end);
+    }
+}
+
+/// A key, shown by `Debug` as its fingerprint under the default secret:
+/// for a string key, the same text as [`KeyLabels::fingerprint`]'s label,
+/// quoted; for other keys, the hash alone.
+pub(crate) struct Shown<'a, K: ?Sized>(pub(crate) &'a K);
+
+impl<K: Hash + fmt::Debug + ?Sized> fmt::Debug for Shown<'_, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The prefix is read from the key's own `Debug` when that is a
+        // quoted string (a `String`, a `&str`): its type tag holds no
+        // character that `Debug` escapes.
+        let mut text = String::new();
+        write!(text, "{:?}", self.0)?;
+        let prefix = text
+            .strip_prefix('"')
+            .and_then(|quoted| quoted.strip_suffix('"'))
+            .map_or("", prefix);
+        fmt::Debug::fmt(&fingerprint(prefix, default_secret().hash(self.0)), f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_short_type_tags_only() {
+        assert_eq!(prefix("sk_live_4eC39HqLyjWDarjtT1zdp7dc"), "sk_live_");
+        assert_eq!(prefix("github_pat_11ABCDEFG0123456789"), "github_pat_");
+        assert_eq!(prefix("ghp_abcdefghijklmnop"), "ghp_");
+        assert_eq!(prefix("ci-abuser"), "");
+        assert_eq!(prefix("sk_ci_abuser"), "sk_ci_");
+        // A long first segment is key material, not a tag.
+        assert_eq!(prefix("mysecretkey_x0000000000"), "");
+        // At most half the key.
+        assert_eq!(prefix("sk_live_abc"), "");
+        // Only ASCII letters, digits and '_'.
+        assert_eq!(prefix("a\"b_cdefghijklmn"), "");
+        assert_eq!(prefix("é_abcdefghijklmn"), "");
+        assert_eq!(prefix(""), "");
+    }
+
+    #[test]
+    fn labels_are_cut_at_a_character_boundary() {
+        let mut label = "ééé".to_owned();
+        truncate(&mut label, 3);
+        assert_eq!(label, "é");
+    }
+
+    #[test]
+    fn debug_of_a_string_key_is_its_default_label_quoted() {
+        let key = "sk_live_4eC39HqLyjWDarjtT1zdp7dc".to_owned();
+        let label = KeyLabels::fingerprint().label(&key);
+        assert_eq!(format!("{:?}", Shown(&key)), format!("{label:?}"));
+        assert_eq!(format!("{:?}", Shown(key.as_str())), format!("{label:?}"));
+        // Another key type: the hash alone.
+        let hash = default_secret().hash(&42_u64);
+        assert_eq!(format!("{:?}", Shown(&42_u64)), format!("\"#{hash:016x}\""));
+    }
+}
