@@ -4,7 +4,8 @@
 //! [`Metrics`] names the limiters (and layers) to expose, and
 //! [`render`](Metrics::render) reads them and encodes the Prometheus text
 //! format (version 0.0.4, [`CONTENT_TYPE`]) with the `prometheus` crate.
-//! Every series carries a `limiter` label (the name given), and:
+//! Every series carries a `limiter` label (the name given), and a limiter
+//! exports only what its [`Backend`] measures:
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -53,9 +54,28 @@ pub const DEFAULT_TOP_OFFENDERS: usize = 10;
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Where a limiter's buckets live, and so what it can measure.
+///
+/// | series | `InProcess` | `Shared` |
+/// |---|---|---|
+/// | admitted, admitted cost, denied by reason | yes | yes (this process's calls) |
+/// | buckets, created, evicted, sweeps, sweep time, hot-key promotions, offenders | yes | no: the buckets live in the backend |
+/// | backend errors, mirror denials | no: there is no backend | yes |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// In this process's memory ([`TokenBucketLimiter`]).
+    InProcess,
+    /// In a store shared by many processes (Redis).
+    Shared,
+}
+
 /// A limiter that [`Metrics`] can expose: its counters, and its top
 /// offenders with keys as label values.
 pub trait Observe: Send + Sync {
+    /// Where the limiter's buckets live, which decides what it measures:
+    /// [`Metrics`] exports only those series.
+    fn backend(&self) -> Backend;
     /// The limiter's counters.
     fn stats(&self) -> Stats;
     /// The `n` keys denied most, as text (raw: [`Metrics`] labels them);
@@ -79,6 +99,10 @@ where
     K: Hash + Eq + Clone + fmt::Display + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync,
 {
+    fn backend(&self) -> Backend {
+        Backend::InProcess
+    }
+
     fn stats(&self) -> Stats {
         TokenBucketLimiter::stats(self)
     }
@@ -349,14 +373,17 @@ impl Metrics {
             ] {
                 denied.with_label_values(&[name.as_str(), reason]).inc_by(n);
             }
+            if source.backend() == Backend::Shared {
+                backend.with_label_values(l).inc_by(stats.backend_errors);
+                mirror.with_label_values(l).inc_by(stats.mirror_denials);
+                continue;
+            }
             created.with_label_values(l).inc_by(stats.buckets_created);
             evicted.with_label_values(l).inc_by(stats.buckets_evicted);
             sweeps.with_label_values(l).inc_by(stats.sweeps);
             sweep_seconds
                 .with_label_values(l)
                 .inc_by(stats.sweep_time.as_secs_f64());
-            backend.with_label_values(l).inc_by(stats.backend_errors);
-            mirror.with_label_values(l).inc_by(stats.mirror_denials);
             promotions
                 .with_label_values(l)
                 .inc_by(stats.hot_key_promotions);

@@ -60,3 +60,48 @@ fn blocking_decisions_and_failures_are_counted() {
     let stats = limiter.stats();
     assert_eq!((stats.admitted, stats.denied_insufficient_tokens), (1, 1));
 }
+
+/// The Prometheus text shows what each backend measures, and nothing it
+/// does not: a Redis limiter has no buckets, sweeps or offenders in this
+/// process (they live in Redis), an in-memory one has no backend.
+#[cfg(feature = "prometheus")]
+#[tokio::test]
+async fn metrics_show_only_what_each_backend_measures() {
+    use keyrate::prometheus::Metrics;
+    use std::sync::Arc;
+    let redis = limiter("stats_metrics", Quota::new(1.0, 1).unwrap())
+        .await
+        .expect("a Redis server");
+    assert!(redis.allow("k", 0.0).await);
+    assert!(!redis.allow("k", 0.0).await);
+    let memory = keyrate::TokenBucketLimiter::new(1.0, 1);
+    assert!(memory.allow("k", 0.0));
+    assert!(!memory.allow("k", 0.0));
+    let text = Metrics::new()
+        .limiter("shared", Arc::new(redis))
+        .limiter("local", Arc::new(memory))
+        .render();
+    let series = |name: &str, limiter: &str| {
+        text.lines().any(|line| {
+            line.starts_with(name) && line.contains(&format!("limiter=\"{limiter}\""))
+        })
+    };
+    for limiter in ["shared", "local"] {
+        assert!(series("keyrate_admitted_total", limiter), "{text}");
+        assert!(series("keyrate_denied_total", limiter), "{text}");
+    }
+    for name in [
+        "keyrate_buckets_created_total",
+        "keyrate_sweeps_total",
+        "keyrate_buckets{",
+        "keyrate_hot_key_promotions_total",
+        "keyrate_offenders_window_denials",
+    ] {
+        assert!(!series(name, "shared"), "{name} exported for Redis:\n{text}");
+        assert!(series(name, "local"), "{name} missing in memory:\n{text}");
+    }
+    for name in ["keyrate_backend_errors_total", "keyrate_mirror_denials_total"] {
+        assert!(series(name, "shared"), "{name} missing for Redis:\n{text}");
+        assert!(!series(name, "local"), "{name} exported in memory:\n{text}");
+    }
+}

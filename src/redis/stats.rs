@@ -26,6 +26,10 @@ impl Settings {
 
 #[cfg(feature = "prometheus")]
 impl<C: Send + Sync> crate::prometheus::Observe for super::RedisLimiter<C> {
+    fn backend(&self) -> crate::prometheus::Backend {
+        crate::prometheus::Backend::Shared
+    }
+
     fn stats(&self) -> crate::observe::Stats {
         super::RedisLimiter::stats(self)
     }
