@@ -82,9 +82,8 @@ async fn metrics_show_only_what_each_backend_measures() {
         .limiter("local", Arc::new(memory))
         .render();
     let series = |name: &str, limiter: &str| {
-        text.lines().any(|line| {
-            line.starts_with(name) && line.contains(&format!("limiter=\"{limiter}\""))
-        })
+        text.lines()
+            .any(|line| line.starts_with(name) && line.contains(&format!("limiter=\"{limiter}\"")))
     };
     for limiter in ["shared", "local"] {
         assert!(series("keyrate_admitted_total", limiter), "{text}");
@@ -97,10 +96,16 @@ async fn metrics_show_only_what_each_backend_measures() {
         "keyrate_hot_key_promotions_total",
         "keyrate_offenders_window_denials",
     ] {
-        assert!(!series(name, "shared"), "{name} exported for Redis:\n{text}");
+        assert!(
+            !series(name, "shared"),
+            "{name} exported for Redis:\n{text}"
+        );
         assert!(series(name, "local"), "{name} missing in memory:\n{text}");
     }
-    for name in ["keyrate_backend_errors_total", "keyrate_mirror_denials_total"] {
+    for name in [
+        "keyrate_backend_errors_total",
+        "keyrate_mirror_denials_total",
+    ] {
         assert!(series(name, "shared"), "{name} missing for Redis:\n{text}");
         assert!(!series(name, "local"), "{name} exported in memory:\n{text}");
     }
