@@ -48,13 +48,13 @@ pub struct Stats {
     pub denied_invalid_timestamp: u64,
     /// Calls denied with [`Denial::LimiterFull`].
     pub denied_limiter_full: u64,
-    /// Buckets created (keyed calls and handles).
+    /// In-memory limiters only: buckets created (keyed calls and handles).
     pub buckets_created: u64,
-    /// Buckets evicted by sweeps.
+    /// In-memory limiters only: buckets evicted by sweeps.
     pub buckets_evicted: u64,
-    /// Sweeps run, automatic and explicit.
+    /// In-memory limiters only: sweeps run, automatic and explicit.
     pub sweeps: u64,
-    /// Wall time spent in those sweeps.
+    /// In-memory limiters only: wall time spent in those sweeps.
     pub sweep_time: Duration,
     /// Redis limiters only: calls whose Redis round trip failed, decided by
     /// the [`FailurePolicy`](crate::FailurePolicy) (and not counted above).
