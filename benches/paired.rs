@@ -13,7 +13,12 @@
 //! KEYRATE_PAIRED_ROUNDS=31 cargo bench --bench paired
 //! KEYRATE_PAIRED_ONLY=hammered cargo bench --bench paired  # scenarios whose name holds it
 //! KEYRATE_PAIRED_ONLY=churn cargo bench --bench paired     # new keys only
+//! KEYRATE_PAIRED_ONLY=everyday cargo bench --bench paired  # active keys + new ones
 //! ```
+//!
+//! Beside the ratios, the last column gives the buckets keyrate (the first
+//! column) created per million timed calls: a key's first call creates one,
+//! and so does every call that finds its key's bucket evicted.
 
 #[allow(dead_code)]
 mod common;
@@ -29,6 +34,9 @@ const SLICE: u64 = 200_000;
 const CHURN: usize = 100_000;
 /// Caller time between two calls of one thread.
 const STEP_NS: u64 = 1_000;
+/// In the everyday scenario, one call in this many names a key never seen
+/// before.
+const NEW_ONE_IN: u64 = 100;
 
 /// Which key a thread calls on its `i`th call.
 #[derive(Clone, Copy)]
@@ -40,6 +48,11 @@ enum Pick {
     /// Every call a key the limiter has never seen: `n` keys per slice,
     /// split between the threads, on a limiter made for the slice.
     Fresh(usize),
+    /// The everyday workload: one of `n` active keys at random (not warmed:
+    /// each is first seen inside a timed slice), and every
+    /// [`NEW_ONE_IN`]th call a key never seen before, from the table past
+    /// the active keys.
+    Everyday(usize),
 }
 
 impl Pick {
@@ -53,9 +66,16 @@ impl Pick {
 }
 
 /// Runs a slice's calls (see [`Pick::calls`]) on each of `threads`
-/// threads from caller time `base`;
-/// returns the wall time from the first start to the last end.
-fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> Duration {
+/// threads from caller time `base`; `Everyday`'s never-seen keys are the
+/// table's from `fresh` on, [`SLICE`] / [`NEW_ONE_IN`] per thread.
+/// Returns the wall time from the first start to the last end.
+fn slice<C: Competitor>(
+    limiter: &C,
+    threads: usize,
+    pick: Pick,
+    base: u64,
+    fresh: usize,
+) -> Duration {
     let arrived = AtomicUsize::new(0);
     let spans: Vec<(Instant, Instant)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
@@ -78,6 +98,14 @@ fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> D
                             }
                             Pick::Rotate(k) => (thread + i as usize) % k,
                             Pick::Fresh(n) => thread * (n / threads) + i as usize,
+                            Pick::Everyday(_) if i % NEW_ONE_IN == NEW_ONE_IN - 1 => {
+                                let per_thread = (SLICE / NEW_ONE_IN) as usize;
+                                fresh + thread * per_thread + (i / NEW_ONE_IN) as usize
+                            }
+                            Pick::Everyday(n) => {
+                                state = mix(state);
+                                (((state >> 32) * n as u64) >> 32) as usize
+                            }
                         };
                         std::hint::black_box(limiter.call(&local, key, ns, ns as f64 * 1e-9, 1));
                         ns += STEP_NS;
@@ -95,23 +123,32 @@ fn slice<C: Competitor>(limiter: &C, threads: usize, pick: Pick, base: u64) -> D
 
 /// A competitor behind one object-safe face.
 trait Slice: Sync {
-    fn warm(&self, keys: usize);
-    fn slice(&self, threads: usize, pick: Pick, base: u64) -> Duration;
+    fn warm(&self, keys: usize, base: u64);
+    fn slice(&self, threads: usize, pick: Pick, base: u64, fresh: usize) -> Duration;
     fn promotions(&self) -> Option<u64>;
+    fn created(&self) -> Option<u64>;
 }
 
 impl<C: Competitor> Slice for C {
-    fn warm(&self, keys: usize) {
+    /// Calls every key once, in order, from caller time `base` on, a call
+    /// every [`STEP_NS`] as in the timed slices: the automatic sweep runs
+    /// as it would in service (with every key created at one instant, no
+    /// bucket was ever full when a sweep step ran, and none ran after).
+    fn warm(&self, keys: usize, base: u64) {
         let local = self.local();
         for key in 0..keys {
-            let _ = self.call(&local, key, 0, 0.0, 1);
+            let ns = base + key as u64 * STEP_NS;
+            let _ = self.call(&local, key, ns, ns as f64 * 1e-9, 1);
         }
     }
-    fn slice(&self, threads: usize, pick: Pick, base: u64) -> Duration {
-        slice(self, threads, pick, base)
+    fn slice(&self, threads: usize, pick: Pick, base: u64, fresh: usize) -> Duration {
+        slice(self, threads, pick, base, fresh)
     }
     fn promotions(&self) -> Option<u64> {
         Competitor::promotions(self)
+    }
+    fn created(&self) -> Option<u64> {
+        Competitor::created(self)
     }
 }
 
@@ -160,36 +197,56 @@ fn main() {
             CHURN,
             Pick::Fresh(CHURN),
         )])
+        .chain([10_000, 100_000, 1_000_000].into_iter().map(|n| {
+            (
+                format!("everyday, {n} active keys + 1 call in {NEW_ONE_IN} new"),
+                Spec::ADMIT,
+                n,
+                Pick::Everyday(n),
+            )
+        }))
         .filter(|(name, ..)| {
             std::env::var("KEYRATE_PAIRED_ONLY").map_or(true, |only| name.contains(&only))
         })
         .collect();
     println!(
         "median ratio to governor over {rounds} paired rounds [lowest-highest round], \
-         {SLICE} calls per thread per slice"
+         {SLICE} calls per thread per slice; last column: buckets keyrate created \
+         per million timed calls"
     );
     println!();
     println!(
         "| scenario | threads | keyrate | keyrate, no cache | keyrate, no stats | \
-         keyrate, quota per call | dashmap_word | keyrate over DashMap |"
+         keyrate, quota per call | dashmap_word | keyrate over DashMap | \
+         keyrate: created per 10^6 calls |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     // Caller time handed out so far: every slice takes a fresh stretch.
     let sim = AtomicU64::new(1_000_000_000);
     // keyrate's hot-key promotions per million timed calls, by scenario.
     let mut promotions = Vec::new();
     for (name, spec, keys, pick) in scenarios {
-        let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
+        // Everyday's never-seen keys follow the active ones in the table:
+        // as many as the slices of every round at 1 and 2 threads name.
+        let new_keys = match pick {
+            Pick::Everyday(_) => rounds * 3 * (SLICE / NEW_ONE_IN) as usize,
+            _ => 0,
+        };
+        let table: Arc<[String]> = (0..(keys + new_keys) as u64).map(api_key).collect();
         let competitors = build(spec, &table);
-        if !matches!(pick, Pick::Fresh(_)) {
+        if !matches!(pick, Pick::Fresh(_) | Pick::Everyday(_)) {
+            let base = sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed);
             for competitor in &competitors {
-                competitor.warm(keys);
+                competitor.warm(keys, base);
             }
         }
         let promoted_before = competitors[1].promotions().unwrap_or(0);
         let mut timed_calls = 0;
+        let mut fresh = keys;
         for threads in [1, 2] {
             let mut ratios = vec![Vec::new(); competitors.len()];
+            let created_before = competitors[1].created().unwrap_or(0);
+            let mut created_fresh = 0;
             for round in 0..rounds {
                 let mut times = vec![Duration::ZERO; competitors.len()];
                 for turn in 0..competitors.len() {
@@ -197,21 +254,31 @@ fn main() {
                     let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
                     times[which] = match pick {
                         // A new limiter, made and dropped outside the timing.
-                        Pick::Fresh(_) => build(spec, &table)[which].slice(threads, pick, base),
-                        _ => competitors[which].slice(threads, pick, base),
+                        Pick::Fresh(_) => {
+                            let made = build(spec, &table);
+                            let time = made[which].slice(threads, pick, base, fresh);
+                            if which == 1 {
+                                created_fresh += made[which].created().unwrap_or(0);
+                            }
+                            time
+                        }
+                        _ => competitors[which].slice(threads, pick, base, fresh),
                     };
                 }
+                fresh += threads * (SLICE / NEW_ONE_IN) as usize;
                 timed_calls += pick.calls(threads) * threads as u64;
                 for (which, time) in times.iter().enumerate() {
                     ratios[which].push(times[0].as_secs_f64() / time.as_secs_f64());
                 }
             }
+            let calls = (pick.calls(threads) * threads as u64 * rounds as u64) as f64;
+            let created = competitors[1].created().unwrap_or(0) - created_before + created_fresh;
             print!("| {name} | {threads} |");
             for ratio in ratios.into_iter().skip(1) {
                 let (mid, low, high) = median(ratio);
                 print!(" {mid:.2}x [{low:.2}-{high:.2}] |");
             }
-            println!();
+            println!(" {:.0} |", created as f64 * 1e6 / calls);
         }
         let promoted = competitors[1].promotions().unwrap_or(0) - promoted_before;
         promotions.push((name, promoted as f64 * 1e6 / timed_calls as f64));

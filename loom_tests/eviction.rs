@@ -8,7 +8,10 @@
 //! takes a step, so every model that creates a bucket races the automatic
 //! sweep too (`automatic_sweep_step_races_keyed_spends` does so on
 //! purpose). Its pacing counters decide when a step runs and nothing
-//! else. The models check that an
+//! else. A step retires only the buckets full at the start of the previous
+//! pass (under loom, the previous step): state that only the thread
+//! holding the sweep's flag reads or writes, as it does the cursor. The
+//! models check that an
 //! admitted spend is never swallowed: after the race, the tokens left
 //! reflect every admitted spend, whether the spend landed before the
 //! retirement (the bucket is then not full and is kept) or after it (on a
@@ -108,14 +111,18 @@ fn limiter_with_used_key() -> Arc<TokenBucketLimiter> {
 }
 
 /// A creation of another key at 1 s takes an automatic sweep step (under
-/// loom, over the one shard) that may evict "k", while two keyed spends on
-/// "k" race it.
+/// loom, a whole pass over the one shard) that may evict "k", while two
+/// keyed spends on "k" race it. The step retires only buckets that were
+/// full when the previous pass started, so a first creation at 1 s
+/// ("old", before the race) starts that pass: "k", full at 1 s and not
+/// spent since, is then the step's to evict, unless a spend lands first.
 #[test]
 fn automatic_sweep_step_races_keyed_spends() {
     model(
         "4 limiter: a creation's sweep step vs 2 keyed spends, capacity 2",
         || {
             let limiter = limiter_with_used_key();
+            assert!(limiter.allow("old", 1.0));
             let spenders: Vec<_> = (0..2)
                 .map(|_| {
                     let limiter = Arc::clone(&limiter);
@@ -129,12 +136,20 @@ fn automatic_sweep_step_races_keyed_spends() {
                 .filter(|&admitted| admitted)
                 .count();
             assert_eq!(admitted, 2, "both spends fit");
-            assert_eq!(limiter.len(), 2, "\"k\" and \"new\", one bucket each");
+            assert_eq!(
+                limiter.len(),
+                3,
+                "\"k\", \"old\" and \"new\", one bucket each"
+            );
             assert_eq!(
                 limiter.remaining("k", 1.0),
                 Ok(0),
                 "an admitted spend was swallowed"
             );
+            // "k" was made again exactly when the step evicted it.
+            let stats = limiter.stats();
+            assert!(stats.buckets_evicted <= 1);
+            assert_eq!(stats.buckets_created, 3 + stats.buckets_evicted);
         },
     );
 }

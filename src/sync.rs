@@ -16,11 +16,12 @@ pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, O
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Mutex};
 
-/// `std` atomics for state that loom does not model (the manual clock, and
-/// the statistics, which decide nothing): named here so that this file
-/// stays the only one that picks atomics.
+/// `std` atomics for state that loom does not model (the manual clock, the
+/// statistics and the sweep's ghosts of evicted keys, which decide
+/// nothing): named here so that this file stays the only one that picks
+/// atomics.
 pub(crate) mod unmodeled {
-    pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
     pub(crate) use std::sync::Mutex;
 }
 

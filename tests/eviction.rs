@@ -8,6 +8,22 @@ use keyrate::{Denial, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::{Arc, Barrier};
 
+/// The fewest creations a pass of the automatic sweep is spread over.
+/// Every bucket it holds was spent within the current pass and the two
+/// before it (or within one refill time before them), so a stream of keys
+/// each seen once holds at most three passes' worth, plus the keys spent
+/// within one refill time (see `with_auto_sweep`).
+const PASS: usize = 8192;
+
+/// A random key of the same shape as `api_key`'s, from a splitmix64 step.
+fn random_key(state: &mut u64) -> String {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut x = *state;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    api_key(x ^ (x >> 31))
+}
+
 /// A flood of a million never-seen keys at advancing time stays bounded,
 /// and changes no decision for legitimate keys interleaved with it.
 #[test]
@@ -33,11 +49,10 @@ fn a_flood_of_new_keys_stays_bounded_and_changes_nothing() {
         }
         max_held = max_held.max(flooded.len());
     }
-    // Keys touched within one refill time (0.5 s / 10 us = 50,000) plus the
-    // legitimate ones; an automatic sweep runs at the latest when the
-    // creations since the last one reach what it left (at least 8192).
+    // Three passes' worth, plus the keys spent within one refill time
+    // (0.5 s / 10 us = 50,000) and the legitimate ones.
     let active = (500_000_000 / STEP_NS) as usize + legit.len();
-    let bound = 2 * active.max(8192);
+    let bound = 3 * PASS + active;
     assert!(max_held <= bound, "held {max_held} buckets, bound {bound}");
     // A flood key spent 1 token, so it is not full for 0.1 s: at least the
     // last 10,000 flood keys were held at some point.
@@ -66,10 +81,122 @@ fn short_lived_threads_creating_a_few_keys_each_still_sweep() {
         });
         max_held = max_held.max(limiter.len());
     }
-    // Twice the 8192 creations a pass is spread over at least, and far
-    // below the 30,000 keys created.
-    assert!(max_held <= 2 * 8192 + 1024, "held {max_held} buckets");
+    // Three passes' worth of one-shot keys (and the one or two keys spent
+    // within a refill time), below the 30,000 keys created.
+    assert!(max_held <= 3 * PASS + 2, "held {max_held} buckets");
     assert!(limiter.stats().sweeps > 0);
+}
+
+/// A million random keys, each called once, with the automatic sweep on:
+/// the buckets held never exceed the documented bound (three passes' worth
+/// plus the keys spent within one refill time), during the flood or after.
+/// Keys that never return never lengthen the passes.
+#[test]
+fn a_flood_of_one_shot_keys_stays_within_three_passes() {
+    const FLOOD: u64 = 1_000_000;
+    const STEP_NS: u64 = 10_000;
+    // Refill time 1 ms: 100 flood keys are spent within one.
+    let limiter = TokenBucketLimiter::new(1000.0, 1);
+    let bound = 3 * PASS + 100;
+    let mut state = 0x5eed;
+    for i in 0..FLOOD {
+        let key = random_key(&mut state);
+        assert!(limiter.allow(key.as_str(), (i * STEP_NS) as f64 / 1e9));
+        if i % 16 == 0 {
+            let held = limiter.len();
+            assert!(
+                held <= bound,
+                "{held} buckets after {i} keys, bound {bound}"
+            );
+        }
+    }
+    let held = limiter.len();
+    assert!(
+        held <= bound,
+        "{held} buckets after the flood, bound {bound}"
+    );
+    let stats = limiter.stats();
+    assert_eq!(stats.buckets_created, FLOOD);
+    assert!(stats.buckets_evicted >= FLOOD - bound as u64);
+}
+
+/// Keys that call steadily below their rate (each call after their bucket
+/// has refilled, so it is full whenever the sweep passes between two
+/// calls) keep their buckets while a stream of new keys drives dozens of
+/// passes of the automatic sweep: each is created once. Under the rule
+/// that evicted every full bucket, each lost its bucket about every other
+/// pass.
+#[test]
+fn keys_calling_below_their_rate_are_created_once_among_new_keys() {
+    const NEW: u64 = 300_000;
+    const STEP_NS: u64 = 10_000; // a new key every 10 us of timeline
+                                 // Refill time 1 ms. A pass is spread over at least 8192 creations,
+                                 // 82 ms here; the steady keys call every 2 to 37 ms.
+    let limiter = TokenBucketLimiter::new(1000.0, 1);
+    let steady: Vec<(String, u64)> = (0..8)
+        .map(|i| (format!("steady-{i}"), (2 + 5 * i) * 1_000_000))
+        .collect();
+    for i in 0..NEW {
+        let now_ns = i * STEP_NS;
+        let now = now_ns as f64 / 1e9;
+        assert!(limiter.allow(api_key(i).as_str(), now));
+        for (key, period_ns) in &steady {
+            if now_ns % period_ns == 0 {
+                assert!(limiter.allow(key.as_str(), now), "{key} at {now}");
+            }
+        }
+    }
+    let stats = limiter.stats();
+    assert!(
+        stats.sweeps >= 20 * 256,
+        "only {} sweep steps: fewer than 20 passes",
+        stats.sweeps
+    );
+    assert!(stats.buckets_evicted >= NEW / 2, "{stats:?}");
+    assert_eq!(
+        stats.buckets_created,
+        NEW + steady.len() as u64,
+        "a steady key's bucket was evicted and made again"
+    );
+}
+
+/// Keys that come back only after the sweep evicted them (here 50,000
+/// keys in turn, each called every 50,000 calls, far apart for passes of
+/// 8192 creations) lengthen the passes until they are kept: after a few
+/// rounds, only the never-seen keys mixed in (one call in 100) create
+/// buckets. Keys seen once (the test above) never do this.
+#[test]
+fn keys_that_come_back_lengthen_the_passes_until_they_are_kept() {
+    const KEYS: u64 = 50_000;
+    const ROUNDS: u64 = 10;
+    const STEP_NS: u64 = 1_000;
+    // Refill time 1 us: every bucket is full again by its key's next call.
+    let limiter = TokenBucketLimiter::new(1e6, 1);
+    let mut new = 1u64 << 40;
+    let mut call = 0u64;
+    let mut created_per_round = Vec::new();
+    for _ in 0..ROUNDS {
+        let before = limiter.stats().buckets_created;
+        for key in 0..KEYS {
+            let now = (call * STEP_NS) as f64 / 1e9;
+            call += 1;
+            assert!(limiter.allow(api_key(key).as_str(), now));
+            if key % 100 == 99 {
+                let now = (call * STEP_NS) as f64 / 1e9;
+                call += 1;
+                assert!(limiter.allow(api_key(new).as_str(), now));
+                new += 1;
+            }
+        }
+        created_per_round.push(limiter.stats().buckets_created - before);
+    }
+    let never_seen = KEYS / 100;
+    assert_eq!(created_per_round[0], KEYS + never_seen);
+    assert!(
+        created_per_round.ends_with(&[never_seen; 4]),
+        "buckets created per round: {created_per_round:?}"
+    );
+    assert!(limiter.len() >= KEYS as usize);
 }
 
 #[test]

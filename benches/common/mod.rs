@@ -77,6 +77,10 @@ pub trait Competitor: Sync {
     fn promotions(&self) -> Option<u64> {
         None
     }
+    /// keyrate only: buckets it has created so far.
+    fn created(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// keyrate's keyed API: `allow_n(&str, f64 seconds, cost)`.
@@ -135,6 +139,9 @@ impl Competitor for Keyrate {
     }
     fn promotions(&self) -> Option<u64> {
         Some(self.limiter.stats().hot_key_promotions)
+    }
+    fn created(&self) -> Option<u64> {
+        Some(self.limiter.stats().buckets_created)
     }
 }
 

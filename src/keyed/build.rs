@@ -203,18 +203,38 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Turns the automatic sweep on (the default) or off.
     ///
     /// With it on, creating buckets now and then sweeps a slice of one of
-    /// the map's 256 shards (256 table buckets) at the creating call's
-    /// timestamp (as [`sweep`](Self::sweep) does for the whole map). A pass
-    /// visits every shard in turn, slice by slice, and is spread over as
-    /// many bucket creations (counted by a random sample once steps are
-    /// far apart) as the previous pass left buckets (at least 8192), so the
-    /// cost per created bucket is amortised O(1) (one bucket visited per
-    /// creation, on average), no call pays for more than one slice,
-    /// whatever the size of the map, and the buckets held stay below about
-    /// twice the keys active within the last
-    /// [`refill_time`](Quota::refill_time) (or 16,384). Over
-    /// [`Store::DashMap`] a step is a whole pass: the same bound and
-    /// amortised cost, but one creation in a pass's worth pays for it.
+    /// the map's 256 shards (256 table buckets). A pass visits every shard
+    /// in turn, slice by slice, and retires the idle buckets: those full at
+    /// the creating call's timestamp and not spent since the previous pass
+    /// started. A key that calls at least once a pass keeps its bucket,
+    /// however slowly it spends; a bucket retired was found idle by the
+    /// previous pass too. Only full buckets go, so, as with
+    /// [`sweep`](Self::sweep) (which retires every full bucket), no later
+    /// decision changes.
+    ///
+    /// A pass is spread over at least 8192 bucket creations (counted by a
+    /// random sample once steps are far apart) and a quarter of the buckets
+    /// the previous pass left, so the cost per created bucket is amortised
+    /// O(1) (a few buckets visited per creation) and no call pays for more
+    /// than one slice, whatever the size of the map. Passes grow twice as
+    /// long while a good share of the new buckets are for keys the sweep
+    /// evicted in the last few hundred passes (watched on a sample of one
+    /// key in 256, 16 KiB per limiter), so keys that come back are kept,
+    /// however far apart their calls; they shrink by a quarter a pass
+    /// otherwise.
+    ///
+    /// Memory: every bucket held was spent within the current pass and the
+    /// two before it, or within one [`refill_time`](Quota::refill_time)
+    /// before them, so the buckets held are at most the keys spent in that
+    /// window. Keys that are each seen once never lengthen the passes: a
+    /// flood of them holds at most three passes' worth, 24,576 buckets
+    /// (about 16,384 on average), plus the keys spent within one refill
+    /// time. Keys that come back lengthen the window to their calls'
+    /// spacing; to bound memory whatever the keys, set
+    /// [`with_max_buckets`](Self::with_max_buckets) (at the cap, the sweep
+    /// retires every full bucket). Over [`Store::DashMap`] a step is a
+    /// whole pass: the same bounds and amortised cost, but one creation in
+    /// a pass's worth pays for it.
     ///
     /// # Examples
     ///

@@ -76,7 +76,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                     gcra::decide(Nanos::ZERO, now, cost, quota),
                     Ok(word) if word != Nanos::ZERO
                 );
-                let bucket = if spends { self.new_bucket() } else { None };
+                let bucket = if spends { self.new_bucket(hash) } else { None };
                 created = bucket.is_some();
                 bucket
             },
@@ -185,12 +185,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
-    /// A new bucket, counted, with its place under the cap reserved;
+    /// A new bucket for the key whose hash is `hash`, counted (and shown
+    /// to the sweep's ghosts), with its place under the cap reserved;
     /// `None` at the cap. Called under the shard's write lock, only for a
     /// key that is absent.
     #[inline]
-    fn new_bucket(&self) -> Option<Bucket> {
-        self.occupancy.reserve().then(|| self.observer.created())
+    fn new_bucket(&self, hash: u64) -> Option<Bucket> {
+        let occupancy = &self.occupancy;
+        occupancy.reserve().then(|| {
+            occupancy.ghosts.created(hash);
+            self.observer.created()
+        })
     }
 
     /// Creates the key's bucket (unless another thread just did) and
@@ -211,7 +216,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             call.hash,
             call.key,
-            || self.new_bucket(),
+            || self.new_bucket(call.hash),
             |bucket| bucket.spend_locked(call.now, call.cost, call.quota),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {

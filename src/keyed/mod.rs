@@ -2,6 +2,7 @@
 
 mod build;
 mod calls;
+mod ghosts;
 mod handle;
 mod map_path;
 mod moved;
@@ -35,12 +36,13 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// holds at least `n` tokens, and then spends them. A new key starts full.
 /// Timestamps are `f64` seconds on any timeline the caller chooses, rounded
 /// to whole nanoseconds. Use one timeline for every key (one clock, or Unix
-/// time): the automatic sweep (on by default) evicts the buckets that are
-/// full at the timestamp of the call that triggers it, so a key whose
-/// timestamps lag behind that call's (another timeline, or a call that
-/// arrives after a sweep stamped later than itself) can lose its deficit. With per-key
-/// timelines, turn the sweep off ([`with_auto_sweep`](Self::with_auto_sweep))
-/// and [`sweep`](Self::sweep) yourself.
+/// time): the automatic sweep (on by default) evicts idle buckets that are
+/// full at the timestamp of the call that triggers it (and at the start of
+/// the sweep's previous pass), so a key whose timestamps lag behind that
+/// call's (another timeline, or a call that arrives after a sweep stamped
+/// later than itself) can lose its deficit. With per-key timelines, turn
+/// the sweep off ([`with_auto_sweep`](Self::with_auto_sweep)) and
+/// [`sweep`](Self::sweep) yourself.
 ///
 /// All methods take `&self`: share the limiter with an [`Arc`](std::sync::Arc)
 /// or a `static`.

@@ -1,6 +1,8 @@
-//! Eviction of full buckets, and the accounting behind the cap and the
-//! automatic sweep.
+//! Eviction of full buckets (every one by hand, the idle ones by the
+//! automatic sweep), and the accounting behind the cap and the automatic
+//! sweep.
 
+use super::ghosts::Ghosts;
 use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
 use crate::store::Cursor;
@@ -57,28 +59,32 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// One step of the automatic sweep: sweeps the next slice of the
-    /// current shard at `now`. Called by a creation that won
+    /// current shard, at `now`, by the second-chance rule (see
+    /// [`Occupancy::position`]). Called by a creation that won
     /// [`Occupancy::step_due`].
     pub(super) fn sweep_step(&self, now: Nanos) {
         let started = std::time::Instant::now();
         let occupancy = &self.occupancy;
-        let (shard, at) = occupancy.position();
+        let step = occupancy.position(now);
         let mut removed = 0;
         let next = self
             .buckets
-            .retain_slice(shard, at, SWEEP_SLICE, |key, bucket| {
-                let evict = self.evict(key, bucket, now);
-                removed += usize::from(evict);
+            .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
+                let evict = self.evict(key, bucket, step.full_at);
+                if evict {
+                    removed += 1;
+                    occupancy.ghosts.evicted(self.buckets.hash(key));
+                }
                 !evict
             });
         occupancy.stepped(removed, next, self.buckets.shard_count());
         self.observer.counters.swept(removed, started.elapsed());
     }
 
-    /// Whether `key`'s bucket is full at `now` and pinned by no handle; if
+    /// Whether `key`'s bucket is full at `at` and pinned by no handle; if
     /// so, retires it (and removes its `moved` entry): the caller, holding
     /// the key's shard write lock, then removes the entry.
-    fn evict(&self, key: &K, bucket: &Bucket, now: Nanos) -> bool {
+    fn evict(&self, key: &K, bucket: &Bucket, at: Nanos) -> bool {
         match bucket.word() {
             // Lock order: this shard (held by the caller), then `moved`.
             // A live handle keeps its bucket. The count cannot rise
@@ -87,9 +93,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // caches hold the bucket but not the pin: retiring it sends
             // their next call back to the map, exactly as a keyed call.
             MOVED => self.moved.remove_if(key, |moved| {
-                Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(now)
+                Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(at)
             }),
-            _ => bucket.try_retire(now),
+            _ => bucket.try_retire(at),
         }
     }
 
@@ -100,18 +106,30 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 }
 
-/// Counts buckets for the cap, and paces the automatic sweep.
+/// Counts buckets for the cap, paces the automatic sweep, and keeps the
+/// timestamps its second-chance rule reads.
 ///
 /// The automatic sweep runs in steps of one slice: [`SWEEP_SLICE`] of a
 /// shard's table buckets. A pass visits every shard once, in order, slice
-/// by slice, and is spread over as many creations as the previous pass
-/// left buckets (at least [`MIN_SWEEP_INTERVAL`]): one step every
-/// `pass / slices` creations, where `slices` is how many steps the
-/// previous pass took. A creation that takes a step pays for one slice,
-/// whatever the size of the map, and the cost per created bucket stays
-/// amortised O(1). The buckets held stay below what the last pass left
-/// plus the creations of one pass: about twice the keys active within the
-/// last refill time (or 16,384).
+/// by slice, and is spread over [`next_pass`](Self::next_pass) creations:
+/// one step every `pass / slices` creations, where `slices` is how many
+/// steps the previous pass took. A creation that takes a step pays for one
+/// slice, whatever the size of the map; as a pass is spread over at least
+/// a quarter of the buckets the previous one left, the cost per created
+/// bucket stays amortised O(1) (a few buckets visited per creation).
+///
+/// A pass retires the buckets that are full at the step's timestamp and
+/// were not spent since the previous pass started (see
+/// [`position`](Self::position)): a bucket of a key that calls at least
+/// once a pass is never retired, whatever its rate, and a retired bucket
+/// was idle for at least one whole pass. Every bucket held was therefore
+/// spent (or made) at a timestamp after the start of the pass before the
+/// previous one, less one refill time (`capacity / rate`): the buckets
+/// held are at most the keys spent in that window, the current pass and
+/// the two before it. Keys each seen once never lengthen the passes (see
+/// `next_pass`), so a stream of them holds at most three passes' worth,
+/// 3 x 8192 = 24,576 buckets (about 16,384 on average), plus the keys
+/// spent within one refill time.
 pub(super) struct Occupancy {
     /// Buckets held, plus places reserved by creations in flight, bounded
     /// by `max_buckets`. Kept only when there is a cap, so that without one
@@ -120,14 +138,14 @@ pub(super) struct Occupancy {
     /// Creations (and, at the cap, attempts) since the last sweep step,
     /// counted by sample where steps are far apart (see `step_due`).
     pressure: CachePadded<AtomicUsize>,
-    /// The `pressure` at which the next sweep step is due: the last pass's
-    /// length divided among the shards, at least 1.
+    /// The `pressure` at which the next sweep step is due: the pass's
+    /// length divided among the previous pass's slices, at least 1.
     step_at: AtomicUsize,
     /// Set while a sweep step runs, so that only one thread sweeps; it
-    /// guards `cursor` and `left`.
+    /// guards the fields from `cursor` to `idle_since`.
     sweeping: AtomicBool,
-    /// The shard the next step sweeps. Written only by the holder of
-    /// `sweeping`, as are the four below.
+    /// The shard the next step sweeps. Read and written only by the holder
+    /// of `sweeping`, as are the fields below up to `idle_since`.
     cursor: AtomicUsize,
     /// Where in that shard the next step starts (a `store::Cursor`).
     from: AtomicUsize,
@@ -136,8 +154,27 @@ pub(super) struct Occupancy {
     slices: AtomicUsize,
     /// Buckets the shards swept so far in this pass left.
     left: AtomicUsize,
+    /// The creations this pass is spread over (see `next_pass`).
+    pass_length: AtomicUsize,
+    /// The timestamp (a [`Nanos`] of the callers' timeline) of the step
+    /// that started this pass; 0 before the first.
+    pass_started: AtomicU64,
+    /// The timestamp of the step that started the previous pass (0 before
+    /// the second): this pass retires only buckets full at or before it.
+    idle_since: AtomicU64,
+    /// Ghosts of the keys the sweep evicted, to see them come back.
+    pub(super) ghosts: Ghosts,
     pub(super) max_buckets: usize,
     pub(super) auto_sweep: bool,
+}
+
+/// Where a sweep step runs, and the instant its buckets must be full at to
+/// be retired.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Step {
+    pub(super) shard: usize,
+    pub(super) at: Cursor,
+    pub(super) full_at: Nanos,
 }
 
 /// The fewest creations a pass of the automatic sweep is spread over: a
@@ -145,8 +182,8 @@ pub(super) struct Occupancy {
 /// a high rate (each step writes the sweep's shared state, which two
 /// threads creating keys take turns to own) pay a step per 32 creations,
 /// not per 4 (1024 measured 1.02x governor's churn at 2 threads, 8192
-/// 1.39x, `benches/paired.rs`); a small map then holds up to 16,384
-/// buckets, a megabyte or two.
+/// 1.39x, `benches/paired.rs`); a small map then holds up to three
+/// passes' worth, 24,576 buckets, a megabyte or two.
 #[cfg(not(loom))]
 const MIN_SWEEP_INTERVAL: usize = 8192;
 
@@ -157,6 +194,20 @@ const SWEEP_SLICE: usize = 256;
 /// models race the automatic sweep's real protocol against every call.
 #[cfg(loom)]
 const MIN_SWEEP_INTERVAL: usize = 1;
+
+/// A pass is spread over at least the buckets the previous one left
+/// divided by this: the sweep visits about this many buckets per creation.
+/// Below 1.5, a stream of keys each seen once would lengthen every pass
+/// (a pass leaves the creations of one pass and a half on average, all
+/// spent since the previous one started).
+const LEFT_PER_CREATION: usize = 4;
+
+/// The share of new buckets that must be for returning keys (keys the
+/// sweep evicted within the last few hundred passes, counted by sample in
+/// [`Ghosts`]) for the next pass to be twice as long: one in this many,
+/// and at least [`RETURNS_TO_GROW`] of the watched keys.
+const RETURNING_SHARE: usize = 8;
+const RETURNS_TO_GROW: usize = 4;
 
 /// Creations sampled for the sweep's pacing: one in this many counts, with
 /// this weight (see [`Occupancy::step_due`]). Under loom, every creation
@@ -207,6 +258,10 @@ impl Occupancy {
             layout: AtomicU64::new(0),
             slices: AtomicUsize::new(0),
             left: AtomicUsize::new(0),
+            pass_length: AtomicUsize::new(MIN_SWEEP_INTERVAL),
+            pass_started: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+            ghosts: Ghosts::new(),
             max_buckets: usize::MAX,
             auto_sweep: true,
         }
@@ -243,16 +298,43 @@ impl Occupancy {
         !self.sweeping.swap(true, Ordering::Acquire)
     }
 
-    /// The shard this step sweeps, and where in it (the caller holds
-    /// `sweeping`).
-    pub(super) fn position(&self) -> (usize, Cursor) {
-        // Relaxed: only the holder of `sweeping` touches the cursor, and
+    /// Where this step sweeps (the caller holds `sweeping`), and the
+    /// second-chance rule's bound: the step retires the buckets full at
+    /// `min(now, idle_since)`, where `idle_since` is the timestamp of the
+    /// step that started the previous pass. An admitted spend at `s` leaves
+    /// its bucket full only after `s`, so a bucket spent at or after that
+    /// timestamp is kept: only a bucket idle (and full) since before the
+    /// previous pass started goes, one that the previous pass already saw
+    /// idle. The bound is never above `now`, so what goes is full at `now`
+    /// and eviction stays exact; if timestamps run backwards (a pass started
+    /// by a call stamped later than this one), it is `now`, and every full
+    /// bucket goes, as with `sweep`. At the cap, too, the bound is `now`:
+    /// new keys are being refused, and room matters more than the buckets
+    /// the full ones would cost again.
+    pub(super) fn position(&self, now: Nanos) -> Step {
+        // Relaxed: only the holder of `sweeping` touches these fields, and
         // the flag's Acquire/Release orders the holders one after another.
         let at = Cursor {
             from: self.from.load(Ordering::Relaxed),
             layout: self.layout.load(Ordering::Relaxed),
         };
-        (self.cursor.load(Ordering::Relaxed), at)
+        let idle_since = Nanos::new(if self.slices.load(Ordering::Relaxed) == 0 {
+            // The first step of a pass: the pass that started last is now
+            // the previous one.
+            let previous = self.pass_started.swap(now.as_u64(), Ordering::Relaxed);
+            self.idle_since.store(previous, Ordering::Relaxed);
+            previous
+        } else {
+            self.idle_since.load(Ordering::Relaxed)
+        });
+        // Relaxed: see `reserve`; a stale count only picks the rule for
+        // this one step.
+        let full = self.capped() && self.held.load(Ordering::Relaxed) >= self.max_buckets;
+        Step {
+            shard: self.cursor.load(Ordering::Relaxed),
+            at,
+            full_at: if full { now } else { idle_since.min(now) },
+        }
     }
 
     /// Records a sweep step that removed `removed` buckets from its shard,
@@ -278,9 +360,9 @@ impl Occupancy {
             self.cursor.store(cursor, Ordering::Relaxed);
             self.slices.store(slices, Ordering::Relaxed);
         } else {
-            // The pass is over: spread the next one over as many creations
-            // as this one left buckets, a step per slice.
-            let pass = self.left.load(Ordering::Relaxed).max(MIN_SWEEP_INTERVAL);
+            // The pass is over: pace the next one, a step per slice.
+            let pass = self.next_pass(self.left.load(Ordering::Relaxed));
+            self.pass_length.store(pass, Ordering::Relaxed);
             self.cursor.store(0, Ordering::Relaxed);
             self.left.store(0, Ordering::Relaxed);
             self.slices.store(0, Ordering::Relaxed);
@@ -290,6 +372,29 @@ impl Occupancy {
         self.pressure.store(0, Ordering::Relaxed);
         // Release pairs with the Acquire in `step_due`.
         self.sweeping.store(false, Ordering::Release);
+    }
+
+    /// The creations the next pass is spread over, at the end of a pass
+    /// that left `left` buckets (the caller holds `sweeping`): twice this
+    /// pass's length while a good share of the new buckets are for keys
+    /// the sweep evicted recently (its passes are then too short for them:
+    /// evicting them only made them again), else three quarters of it; and
+    /// at least a quarter of `left` and [`MIN_SWEEP_INTERVAL`].
+    ///
+    /// Keys seen once never return, so under a stream of them passes
+    /// shrink to the minimum and the map to three passes' worth; keys that
+    /// come back lengthen the passes until they are kept, however long
+    /// their calls are apart (up to a few hundred passes).
+    fn next_pass(&self, left: usize) -> usize {
+        let (watched, returned) = self.ghosts.end_pass();
+        // Relaxed: guarded by `sweeping` (see `position`).
+        let length = self.pass_length.load(Ordering::Relaxed);
+        let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
+            length.saturating_mul(2)
+        } else {
+            length - length / 4
+        };
+        next.max(left / LEFT_PER_CREATION).max(MIN_SWEEP_INTERVAL)
     }
 
     fn capped(&self) -> bool {
