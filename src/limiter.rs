@@ -15,7 +15,6 @@ use crate::decision::{Decision, Refusal};
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::time::{At, Now};
-use crate::under::Under;
 use std::future::Future;
 use std::time::Duration;
 
@@ -52,7 +51,7 @@ fn next_sleep<E: Refusal>(refusal: E, left: Duration) -> Result<Duration, E> {
 /// | [`check`](Self::check) | the [`Decision`], or why not |
 /// | [`remaining`](Self::remaining) | whole tokens held, spending nothing |
 /// | [`wait_blocking`](Self::wait_blocking) | sleeps until admitted or `max_wait` |
-/// | [`under`](Self::under) | the same calls under another quota |
+/// | `under(&quota)` (each backend's, or [`Under::new`](crate::Under::new)) | the same calls under another quota |
 ///
 /// # Examples
 ///
@@ -73,13 +72,13 @@ pub trait Limiter<Q: ?Sized = str> {
     /// Why a call was not admitted: [`Denial`] in memory.
     type Error: Refusal;
 
-    /// The default quota, used by every call not made [`under`](Self::under)
+    /// The default quota, used by every call not made [`Under`](crate::Under)
     /// another.
     fn quota(&self) -> Quota;
 
     /// Spends `cost` tokens from `key`'s bucket at `at` under `quota`, if
     /// it holds that many: the one call each backend writes. Prefer
-    /// [`check`](Self::check) and [`under`](Self::under).
+    /// [`check`](Self::check) and [`Under`](crate::Under).
     ///
     /// # Errors
     ///
@@ -175,20 +174,6 @@ pub trait Limiter<Q: ?Sized = str> {
             let left = max_wait.saturating_sub(start.elapsed());
             std::thread::sleep(next_sleep(refusal, left)?);
         }
-    }
-
-    /// These calls under `quota` instead of the default one, on the same
-    /// buckets: a plan chosen per call. Costs a copy of the quota.
-    ///
-    /// A bucket records no quota (its word is the instant it is full
-    /// again), so a key's **time until full is kept** across quotas and
-    /// the quota in force turns it into tokens.
-    #[must_use]
-    fn under(&self, quota: &Quota) -> Under<'_, Self>
-    where
-        Self: Sized,
-    {
-        Under::new(self, *quota)
     }
 }
 
@@ -289,14 +274,5 @@ pub trait AsyncLimiter<Q: ?Sized + Sync = str>: Sync {
                 tokio::time::sleep(next_sleep(refusal, left)?).await;
             }
         }
-    }
-
-    /// These calls under `quota` instead of the default one.
-    #[must_use]
-    fn under(&self, quota: &Quota) -> Under<'_, Self>
-    where
-        Self: Sized,
-    {
-        Under::new(self, *quota)
     }
 }

@@ -10,8 +10,9 @@ use std::future::Future;
 /// A limiter under a quota of the caller's choice: the same calls, on
 /// the same buckets, with this quota instead of the default one.
 ///
-/// Made by [`Limiter::under`] or [`AsyncLimiter::under`] (or the
-/// in-memory limiter's own [`under`](crate::TokenBucketLimiter::under)).
+/// Made by each backend's `under(&quota)` (for example
+/// [`TokenBucketLimiter::under`](crate::TokenBucketLimiter::under)), or by
+/// [`Under::new`] over any limiter.
 /// Costs nothing to make (a reference and a copy of the quota); make one
 /// per call or keep one per plan.
 ///
@@ -51,8 +52,23 @@ impl<L> Clone for Under<'_, L> {
 impl<L> Copy for Under<'_, L> {}
 
 impl<'a, L> Under<'a, L> {
-    /// `target`'s calls under `quota`.
-    pub(crate) fn new(target: &'a L, quota: Quota) -> Self {
+    /// `target`'s calls under `quota`: what each backend's `under` makes,
+    /// for code generic over [`Limiter`] or [`AsyncLimiter`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Limiter, Quota, TokenBucketLimiter, Under};
+    ///
+    /// fn burst<L: Limiter<str>>(limiter: &L, plan: &Quota) -> usize {
+    ///     let under = Under::new(limiter, *plan);
+    ///     (0..10).filter(|_| under.allow("k", 0.0)).count()
+    /// }
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// assert_eq!(burst(&limiter, &Quota::new(1.0, 4).unwrap()), 4);
+    /// ```
+    #[must_use]
+    pub fn new(target: &'a L, quota: Quota) -> Self {
         Under { target, quota }
     }
 }

@@ -529,7 +529,7 @@ cases! {
                 let (secs, seen) = as_secs(now);
                 let key = keys[(next() % 2) as usize];
                 let cost = next() % 110;
-                let got = match checked(call!(b.under(&q).check(key, secs, cost))) {
+                let got = match checked(call!(keyrate::Under::new(&*b, q).check(key, secs, cost))) {
                     Ok(remaining) => PlanOutcome::Admitted { remaining },
                     Err(Denial::InsufficientTokens { retry_after }) => PlanOutcome::Wait {
                         retry_ns: retry_after.as_nanos() as u64,

@@ -223,7 +223,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         Limiter::remaining(self, key, at)
     }
 
-    /// [`Limiter::under`]: these calls under `quota` instead of the
+    /// These calls under `quota` instead of the
     /// default one (import [`Limiter`] to call them).
     ///
     /// # Examples
