@@ -23,11 +23,13 @@
 //! | `cap.rs` | model 5: the bucket cap's reservations, racing |
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
+//! | `concurrency.rs` | model 8: concurrency permits: takes, releases, the idle sweep, a waiter's cancel |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
+mod concurrency;
 mod eviction;
 mod first_use;
 mod live_quota;

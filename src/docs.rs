@@ -37,6 +37,10 @@ pub struct ObservabilityDoctests;
 #[doc = include_str!("../docs/security.md")]
 pub struct SecurityDoctests;
 
+/// docs/concurrency.md.
+#[doc = include_str!("../docs/concurrency.md")]
+pub struct ConcurrencyDoctests;
+
 /// docs/design.md.
 #[doc = include_str!("../docs/design.md")]
 pub struct DesignDoctests;

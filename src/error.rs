@@ -49,6 +49,11 @@ pub enum ConfigError {
         /// The rate given, in tokens per second.
         rate: f64,
     },
+    /// A concurrency limit of 0 permits for a
+    /// [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)'s default: no key
+    /// could ever hold a stream. (A per-call limit of 0 is accepted and
+    /// refuses every call: a suspended plan.)
+    ZeroMaxPermits,
 }
 
 impl fmt::Display for ConfigError {
@@ -91,6 +96,10 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroCapacity => {
                 f.write_str("invalid capacity 0: the capacity must be at least 1 token")
             }
+            ConfigError::ZeroMaxPermits => f.write_str(
+                "invalid concurrency limit 0: a key's default limit must be at least 1 permit \
+                 held at once (accepted: 1 to 2^32 - 1)",
+            ),
             ConfigError::WindowTooLong { capacity, rate } => write!(
                 f,
                 "invalid capacity {capacity} at rate {rate} tokens/s: refilling the bucket \

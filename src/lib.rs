@@ -64,6 +64,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod bucket;
+mod concurrency;
 mod decision;
 #[cfg(not(loom))]
 mod dice;
@@ -90,6 +91,7 @@ mod sync;
 mod time;
 mod under;
 
+pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};

@@ -82,3 +82,50 @@ impl Default for Bucket {
         Self::new()
     }
 }
+
+/// Where a caller that waits for a concurrency permit stands (the real
+/// `ConcurrencyLimiter` queue): a permit taken at once, or a place in the
+/// key's queue.
+#[derive(Debug)]
+pub enum Entered {
+    /// A permit was free and no one queued.
+    Taken(crate::Permit),
+    /// Queued behind the callers already waiting.
+    Queued(Queued),
+}
+
+/// A place in a key's queue (the real one `acquire` waits in).
+#[derive(Debug)]
+pub struct Queued(crate::concurrency::Queued);
+
+impl Queued {
+    /// Whether a released permit was handed to this place.
+    pub fn granted(&self) -> bool {
+        self.0.granted()
+    }
+
+    /// The permit handed to this place; only after `granted`.
+    pub fn into_permit(self) -> crate::Permit {
+        self.0.into_permit()
+    }
+
+    /// Leaves the queue (a caller giving up): the permit, if one was
+    /// handed over first.
+    pub fn cancel(self) -> Option<crate::Permit> {
+        self.0.cancel()
+    }
+}
+
+/// The real first step of `acquire` / `acquire_blocking`: find the key's
+/// slot (an `Arc`, used outside the shard lock), then take a free permit
+/// or queue for one.
+pub fn enter(
+    limiter: &crate::ConcurrencyLimiter,
+    key: &str,
+    max: u32,
+) -> Result<Entered, crate::ConcurrencyDenial> {
+    limiter.enter(key, max).map(|entered| match entered {
+        crate::concurrency::Entered::Taken(permit) => Entered::Taken(permit),
+        crate::concurrency::Entered::Queued(queued) => Entered::Queued(Queued(queued)),
+    })
+}

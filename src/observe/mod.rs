@@ -10,9 +10,7 @@ mod responses;
 mod slot;
 
 pub use counters::Stats;
-#[cfg(feature = "tower")]
-use counters::Striped;
-pub(crate) use counters::{Cell, Counters};
+pub(crate) use counters::{Cell, Counters, Striped};
 #[cfg(feature = "tower")]
 pub(crate) use label::Shown;
 pub use label::{KeyLabels, MAX_KEY_LABEL_LEN};

@@ -1,0 +1,149 @@
+//! Removing idle keys (those holding no permit, with no one waiting), by
+//! hand or by the automatic sweep, and the cap on keys.
+
+use super::slot::Slot;
+use super::ConcurrencyLimiter;
+use crate::store::{Cursor, Map};
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
+use std::hash::{BuildHasher, Hash};
+
+/// Creations of new entries between two steps of the automatic sweep.
+/// Under loom, every creation takes a step, so that the models race the
+/// sweep's real protocol against every call.
+#[cfg(not(loom))]
+const SWEEP_EVERY: usize = 16;
+#[cfg(loom)]
+const SWEEP_EVERY: usize = 1;
+
+/// Table buckets a step visits: a few hundred entries at most.
+const SWEEP_SLICE: usize = 256;
+
+/// The automatic sweep's pacing and position, and the cap.
+///
+/// A step every [`SWEEP_EVERY`] creations visits the next
+/// [`SWEEP_SLICE`] table buckets of the current shard, shard after shard.
+/// A pass over the map takes at least one step per shard (256), and one
+/// per 256 table buckets: so it spans `16 x max(256, buckets / 256)`
+/// creations, at least 4,096 and about `entries / 8` (a table holds an
+/// entry per 1 to 2 buckets). An idle entry is removed by the first pass
+/// that reaches it, so idle entries number at most two passes' creations:
+/// under a flood of keys that each take and give back a permit, about
+/// 8,192 entries (the bound `2 x max(4096, entries / 8)` holds for
+/// `entries <= 8192`), plus the keys that hold permits.
+pub(super) struct Sweeper {
+    /// Entries held when capped (else not kept), plus places reserved by
+    /// creations in flight; at most `max_keys`.
+    keys: AtomicUsize,
+    /// Creations (and refusals at the cap) so far, for pacing.
+    created: AtomicUsize,
+    /// Where the next step starts: a shard and a place in it. Taken with
+    /// `try_lock`: a step that finds another running skips.
+    position: Mutex<(usize, Cursor)>,
+    pub(super) max_keys: usize,
+}
+
+impl Sweeper {
+    pub(super) fn new() -> Self {
+        Sweeper {
+            keys: AtomicUsize::new(0),
+            created: AtomicUsize::new(0),
+            position: Mutex::new((0, Cursor::default())),
+            max_keys: usize::MAX,
+        }
+    }
+
+    fn capped(&self) -> bool {
+        self.max_keys != usize::MAX
+    }
+
+    /// Reserves a place for a new entry; false at the cap.
+    pub(super) fn reserve(&self) -> bool {
+        if !self.capped() {
+            return true;
+        }
+        // Relaxed: the counter alone decides; the read-modify-write makes
+        // racing reservations see each other, so at most `max_keys` pass.
+        let before = self.keys.fetch_add(1, Ordering::Relaxed);
+        if before < self.max_keys {
+            return true;
+        }
+        self.release(1);
+        false
+    }
+
+    /// Gives back `n` places.
+    fn release(&self, n: usize) {
+        if self.capped() && n > 0 {
+            // Relaxed: see `reserve`.
+            self.keys.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a creation (or a refusal at the cap), and takes a sweep
+    /// step when one is due.
+    pub(super) fn pace<K: Hash + Eq, S: BuildHasher + Clone>(&self, slots: &Map<K, Arc<Slot>, S>) {
+        // Relaxed: the count only paces the sweep; it decides nothing.
+        let count = self.created.fetch_add(1, Ordering::Relaxed) + 1;
+        if count % SWEEP_EVERY != 0 {
+            return;
+        }
+        // A step already running serves for this one.
+        let Ok(mut position) = self.position.try_lock() else {
+            return;
+        };
+        let (shard, at) = *position;
+        let mut removed = 0;
+        let next = slots.retain_slice(shard, at, SWEEP_SLICE, |_, slot| {
+            let retire = slot.try_retire();
+            removed += usize::from(retire);
+            !retire
+        });
+        *position = match next {
+            Ok(at) => (shard, at),
+            Err(_) => ((shard + 1) % slots.shard_count(), Cursor::default()),
+        };
+        drop(position);
+        self.release(removed);
+    }
+}
+
+/// # Housekeeping
+impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
+    /// Removes every idle key (holding no permit, with no caller waiting);
+    /// returns how many. An idle key is indistinguishable from one never
+    /// seen, so this changes no decision. The automatic sweep does the
+    /// same a slice at a time, paced by new keys.
+    ///
+    /// Each idle slot is retired (its word set to a final marker, from 0
+    /// only, with a compare-and-swap) before its entry is removed, so a
+    /// caller that found the slot before it was removed and takes a permit
+    /// on it meanwhile either wins (the slot is then not idle and stays)
+    /// or finds it retired and looks the key up again.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes each shard's write lock in turn.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let limiter = keyrate::ConcurrencyLimiter::new(1);
+    /// let held = limiter.try_acquire("a").unwrap();
+    /// drop(limiter.try_acquire("b").unwrap());
+    /// assert_eq!(limiter.sweep(), 1); // "b"
+    /// assert_eq!(limiter.len(), 1);
+    /// drop(held);
+    /// assert_eq!(limiter.sweep(), 1); // "a"
+    /// assert!(limiter.is_empty());
+    /// ```
+    pub fn sweep(&self) -> usize {
+        let mut removed = 0;
+        self.slots.retain(|_, slot| {
+            let retire = slot.try_retire();
+            removed += usize::from(retire);
+            !retire
+        });
+        self.sweeper.release(removed);
+        removed
+    }
+}
