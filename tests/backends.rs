@@ -13,8 +13,9 @@
 mod common;
 mod redis_support;
 
-use common::model::{as_secs, Model, Outcome};
-use common::plans::{Outcome as PlanOutcome, Plan, PlanModel};
+use common::model::{as_secs, Model, Outcome, RATES};
+use common::plans::{Outcome as PlanOutcome, PlanModel, PLANS};
+use common::{XorShift, EPOCH_UNIX};
 use keyrate::{
     BlockingRedisLimiter, Decision, Denial, Quota, RedisLimiter, Refusal, TokenBucketLimiter,
 };
@@ -441,13 +442,8 @@ cases! {
     /// one instant, at awkward rates and with mixed costs; one token more is
     /// denied for exactly one interval. The same after idling `refill_time`.
     fn whole_bursts(make) {
-        let mut x = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next();
         for (i, rate) in [
             0.1,
             0.3,
@@ -502,13 +498,8 @@ cases! {
     /// Calls under quotas that change at random points decide as the
     /// independent model's rule says: the refill still missing is kept.
     fn quotas_changing_follow_the_model(make) {
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next();
         for round in 0..8 {
             let Some(b) = call!(make(quota(1.0, 5))) else {
                 return;
@@ -594,44 +585,6 @@ cases! {
         Ok(())
     }
 }
-
-/// Plans for the quota-change case: whole and fractional intervals.
-const PLANS: &[Plan] = &[
-    Plan {
-        num: 1,
-        den: 1,
-        capacity: 5,
-    },
-    Plan {
-        num: 20,
-        den: 1,
-        capacity: 100,
-    },
-    Plan {
-        num: 3,
-        den: 1,
-        capacity: 3,
-    },
-    Plan {
-        num: 1,
-        den: 4,
-        capacity: 2,
-    },
-];
-
-/// Rates as exact fractions `num / den`: whole and fractional intervals.
-const RATES: &[(u64, u64)] = &[
-    (1, 1),
-    (3, 1),
-    (1, 4),
-    (7, 2),
-    (1000, 1),
-    (13, 16),
-    (999_983, 1),
-    (1_000_000_000, 1),
-];
-
-const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
 
 type Case = ((u64, u64), u64, bool, Vec<(usize, u64, u64)>);
 

@@ -8,6 +8,7 @@
 mod common;
 
 use common::model::Model;
+use common::{XorShift, EPOCH_UNIX};
 use keyrate::{
     BucketHandle, ConfigError, Denial, ManualClock, Now, Quota, TokenBucketLimiter,
     MAX_RATE_SHORTFALL,
@@ -32,8 +33,6 @@ const AWKWARD: &[f64] = &[
     1e9,
     2.5e8,
 ];
-
-const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
 
 /// Calls in a row that certainly get a key cached by this thread.
 const HOT_CALLS: usize = 300;
@@ -94,7 +93,7 @@ impl Subject {
 /// Costs that sum to exactly `capacity`, from a seed: singles, a few big
 /// ones, or anything between.
 fn cost_mix(capacity: u64, seed: u64) -> Vec<u64> {
-    let mut x = seed | 1;
+    let mut rng = XorShift::new(seed | 1);
     let largest = match seed % 4 {
         0 => 1,
         1 => capacity,
@@ -103,10 +102,7 @@ fn cost_mix(capacity: u64, seed: u64) -> Vec<u64> {
     let mut costs = Vec::new();
     let mut left = capacity;
     while left > 0 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let cost = 1 + x % largest.min(left);
+        let cost = 1 + rng.next() % largest.min(left);
         costs.push(cost);
         left -= cost;
     }
@@ -299,14 +295,12 @@ fn long_runs_serve_the_rate_within_the_bound() {
             .bucket("k");
         // Calls every half interval on average (0 to 1 interval apart).
         let exact_interval = 1e9 / rate;
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
         let mut now = 0u64;
         let mut admitted = Vec::new();
         for _ in 0..CALLS {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            now += ((x >> 11) as f64 / (1u64 << 53) as f64 * exact_interval).round() as u64;
+            now +=
+                ((rng.next() >> 11) as f64 / (1u64 << 53) as f64 * exact_interval).round() as u64;
             clock.set(Duration::from_nanos(now));
             if handle.allow(Now) {
                 admitted.push((now, 1));

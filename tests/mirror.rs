@@ -6,15 +6,15 @@
 //! Needs `KEYRATE_REDIS_URL` (see `redis_support`).
 #![cfg(not(loom))]
 
+mod common;
 mod redis_support;
 
+use common::EPOCH_UNIX;
 use keyrate::{AsyncLimiter, Decision, Denial, Now, Quota, RedisDenial, RedisLimiter, Refusal};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{unique_prefix, url, TEST_TIMEOUT};
 use std::time::{Duration, Instant};
-
-const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
 
 /// Redis's answer to a check: the tokens left, or the denial; a Redis
 /// error fails the test.

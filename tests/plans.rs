@@ -6,41 +6,13 @@
 mod common;
 
 use common::model::{as_secs, Model};
-use common::plans::{Outcome, Plan, PlanModel};
+use common::plans::{Outcome, Plan, PlanModel, PLANS};
+use common::EPOCH_UNIX;
 use keyrate::{Decision, Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::{Duration, Instant};
-
-/// Plans with whole and fractional intervals, small and large bursts.
-const PLANS: &[Plan] = &[
-    Plan {
-        num: 1,
-        den: 1,
-        capacity: 5,
-    }, // free: 1/s, burst 5
-    Plan {
-        num: 20,
-        den: 1,
-        capacity: 100,
-    }, // pro: 20/s, burst 100
-    Plan {
-        num: 3,
-        den: 1,
-        capacity: 3,
-    }, // 3/s: 333_333_333.3 ns a token
-    Plan {
-        num: 1,
-        den: 4,
-        capacity: 2,
-    }, // 0.25/s
-    Plan {
-        num: 7,
-        den: 2,
-        capacity: 12,
-    }, // 3.5/s
-];
 
 fn quota(plan: &Plan) -> Quota {
     Quota::new(plan.rate(), plan.capacity).unwrap()
@@ -107,7 +79,7 @@ proptest! {
         let keys = ["sk_free_a", "sk_pro_b", "sk_c"];
         let handles: Vec<_> = keys.iter().map(|k| limiter.bucket(*k)).collect();
         let mut model = PlanModel::new();
-        let mut now: u64 = if unix { 1_700_000_000_000_000_000 } else { 0 };
+        let mut now: u64 = if unix { EPOCH_UNIX } else { 0 };
         for op in ops {
             let plan = &PLANS[op.plan];
             let q = quota(plan);

@@ -11,6 +11,7 @@ mod common;
 mod redis_support;
 
 use common::model::{Model, Outcome};
+use common::EPOCH_UNIX;
 use keyrate::{
     AsyncLimiter, BlockingRedisLimiter, Decision, Denial, FailurePolicy, Limiter, Now, Quota,
     RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, Refusal, TokenBucketLimiter,
@@ -25,8 +26,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const SEC: u64 = 1_000_000_000;
-const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
-
 fn quota(rate: f64, capacity: u64) -> Quota {
     Quota::new(rate, capacity).unwrap()
 }

@@ -7,6 +7,9 @@
 //! never timings.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::XorShift;
 use keyrate::{BucketHandle, TokenBucketLimiter};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Barrier;
@@ -35,18 +38,6 @@ fn on_threads<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
             .map(|thread| thread.join().expect("a stress thread panicked"))
             .collect()
     })
-}
-
-/// A small xorshift generator: reproducible per thread, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Model 1 at scale: same-instant unit spends on one hot key, through the
@@ -87,7 +78,7 @@ fn mixed_costs_leave_exactly_capacity_minus_spent() {
     let limiter = TokenBucketLimiter::new(1.0, capacity);
     let spent: u64 = on_threads(|t| {
         let handle = (t % 2 == 1).then(|| limiter.bucket("sk_live_mixed"));
-        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
         let mut spent = 0;
         for _ in 0..CALLS_PER_THREAD {
             let cost = rng.next() % 6; // 0..=5, cost 0 included
@@ -254,7 +245,7 @@ fn sweeps_racing_spends_never_lose_an_admitted_spend() {
             let (limiter, keys, spent) = (&limiter, &keys, &spent);
             let (round_over, round_checked) = (&round_over, &round_checked);
             scope.spawn(move || {
-                let mut rng = XorShift(0x2545_f491_4f6c_dd1d ^ (s as u64 + 1));
+                let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d ^ (s as u64 + 1));
                 for r in 0..ROUNDS {
                     round_checked.wait();
                     let now = r as f64;

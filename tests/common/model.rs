@@ -17,6 +17,21 @@ use std::collections::HashMap;
 
 const NANOS: u128 = 1_000_000_000;
 
+/// Rates as exact fractions `num / den`: whole and fractional intervals.
+pub const RATES: &[(u64, u64)] = &[
+    (1, 1),             // 1/s: 1 s per token
+    (3, 1),             // 3/s: 333_333_333.3 ns per token
+    (1, 4),             // 0.25/s: 4 s per token
+    (7, 2),             // 3.5/s: 285_714_285.7 ns per token
+    (10, 1),            // 10/s
+    (3, 8),             // 0.375/s: 2_666_666_666.6 ns per token
+    (1000, 1),          // 1000/s: 1 ms per token
+    (13, 16),           // 0.8125/s
+    (1_000_000, 1),     // 1e6/s: 1 us per token
+    (999_983, 1),       // a prime near 1e6/s: 1000.017 ns, charged 1001 (0.098% slow)
+    (1_000_000_000, 1), // 1e9/s: 1 ns per token
+];
+
 /// What one call does in the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

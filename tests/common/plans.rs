@@ -36,6 +36,35 @@ impl Plan {
     }
 }
 
+/// Plans with whole and fractional intervals, small and large bursts.
+pub const PLANS: &[Plan] = &[
+    Plan {
+        num: 1,
+        den: 1,
+        capacity: 5,
+    }, // free: 1/s, burst 5
+    Plan {
+        num: 20,
+        den: 1,
+        capacity: 100,
+    }, // pro: 20/s, burst 100
+    Plan {
+        num: 3,
+        den: 1,
+        capacity: 3,
+    }, // 3/s: 333_333_333.3 ns a token
+    Plan {
+        num: 1,
+        den: 4,
+        capacity: 2,
+    }, // 0.25/s
+    Plan {
+        num: 7,
+        den: 2,
+        capacity: 12,
+    }, // 3.5/s
+];
+
 /// What a call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
