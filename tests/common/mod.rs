@@ -4,6 +4,7 @@
 
 pub mod model;
 pub mod plans;
+pub mod sync;
 
 /// An instant in Unix-epoch nanoseconds (November 2023): timestamps at the
 /// scale a server's clock gives, far beyond 2^53 ns.
