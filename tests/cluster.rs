@@ -33,9 +33,7 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_spread_over_slots_and_nodes() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
+    let urls = cluster_urls();
     let _serial = SERIAL.lock().await;
     let prefix = unique_prefix("cluster_slots");
     let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 3).unwrap())
@@ -115,18 +113,14 @@ fn owns(slots: &[String], slot: u16) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_while_calls_run() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
+    let urls = cluster_urls();
     let _serial = SERIAL.lock().await;
     failover(&urls, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_hangs_and_its_replica_takes_over() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
+    let urls = cluster_urls();
     let _serial = SERIAL.lock().await;
     failover(&urls, true).await;
 }

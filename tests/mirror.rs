@@ -109,9 +109,7 @@ async fn differential(
 }
 
 fn run_differential(mirror_capacity: usize) {
-    let Some(url) = url() else {
-        return;
-    };
+    let url = url();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -148,9 +146,7 @@ fn a_tiny_mirror_evicts_and_still_decides_as_redis_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
-    let Some(url) = url() else {
-        return;
-    };
+    let url = url();
     // One token per 1024 s: nothing refills during the test, so a call is
     // admitted exactly when the bucket still holds a token in Redis.
     let slow = Quota::new(1.0 / 1024.0, 3).unwrap();

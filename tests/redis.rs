@@ -74,10 +74,8 @@ fn public_types_are_send_sync_debug() {
 
 #[tokio::test]
 async fn nanosecond_exact_at_unix_epoch_scale() {
-    let Some(l) = limiter("unix_ns", quota(1.0, 3)).await else {
-        return;
-    };
-    let mut conn = raw(&url().unwrap()).await;
+    let l = limiter("unix_ns", quota(1.0, 3)).await;
+    let mut conn = raw(&url()).await;
     let key = l.bucket_key("k");
     let t = Duration::from_nanos(EPOCH_UNIX + 123_456_789);
     for left in [2, 1, 0] {
@@ -126,11 +124,9 @@ async fn extreme_quotas_agree_with_memory() {
     ];
     for (rate, capacity, instants) in cases {
         let q = quota(rate, capacity);
-        let Some(l) = limiter("extreme", q).await else {
-            return;
-        };
+        let l = limiter("extreme", q).await;
         let memory = TokenBucketLimiter::with_quota(q);
-        let mut conn = raw(&url().unwrap()).await;
+        let mut conn = raw(&url()).await;
         for &ns in instants {
             // f64 seconds, as the in-memory API takes them; both round alike.
             let secs = ns as f64 / 1e9;
@@ -207,9 +203,6 @@ async fn run_unix_trace(l: RedisLimiter, trace: Trace) -> Result<(), TestCaseErr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_nanosecond_traces_equal_the_model() {
-    if url().is_none() {
-        return;
-    }
     let handle = tokio::runtime::Handle::current();
     let result = tokio::task::spawn_blocking(move || {
         let mut runner = TestRunner::new(Config {
@@ -220,7 +213,7 @@ async fn unix_nanosecond_traces_equal_the_model() {
         runner.run(&trace(), |trace| {
             handle.block_on(async {
                 let rate = trace.0 .0 as f64 / trace.0 .1 as f64;
-                let l = limiter("unix_trace", quota(rate, trace.1)).await.unwrap();
+                let l = limiter("unix_trace", quota(rate, trace.1)).await;
                 run_unix_trace(l, trace).await
             })
         })
@@ -236,12 +229,10 @@ async fn unix_nanosecond_traces_equal_the_model() {
 async fn ttl_is_the_time_until_full() {
     // 100 s per token, so that the bounds below hold even if the test
     // stalls for a while between two commands.
-    let Some(l) = limiter("ttl", quota(0.01, 3)).await else {
-        return;
-    };
+    let l = limiter("ttl", quota(0.01, 3)).await;
     // No floor: the TTL is exactly the time to full.
     let l = l.with_min_ttl(Duration::ZERO);
-    let mut conn = raw(&url().unwrap()).await;
+    let mut conn = raw(&url()).await;
     let key = l.bucket_key("k");
     assert_eq!(decided(l.check("k", 100.0, 2).await), Ok(1));
     let ttl = pttl(&mut conn, &key).await;
@@ -262,7 +253,6 @@ async fn ttl_is_the_time_until_full() {
     // Time to full rounds up to the millisecond, and is at least 1 ms.
     let fast = limiter("ttl_fast", quota(1e9, 1_500_000))
         .await
-        .unwrap()
         .with_min_ttl(Duration::ZERO);
     assert!(fast.allow_n("a", 5.0, 1_500_000).await); // 1.5 ms -> 2 ms
     assert!(pttl(&mut conn, &fast.bucket_key("a")).await <= 2);
@@ -270,18 +260,16 @@ async fn ttl_is_the_time_until_full() {
     assert!(pttl(&mut conn, &fast.bucket_key("b")).await <= 1);
 
     // A floor raises every TTL.
-    let floored = limiter("ttl_floor", quota(1.0, 3)).await.unwrap();
+    let floored = limiter("ttl_floor", quota(1.0, 3)).await;
     assert!(floored.allow("k", 0.0).await);
     assert!(pttl(&mut conn, &floored.bucket_key("k")).await > 3000);
 }
 
 #[tokio::test]
 async fn idle_keys_vanish_when_full() {
-    let Some(l) = limiter("vanish", quota(1000.0, 2)).await else {
-        return;
-    };
+    let l = limiter("vanish", quota(1000.0, 2)).await;
     let l = l.with_min_ttl(Duration::ZERO);
-    let mut conn = raw(&url().unwrap()).await;
+    let mut conn = raw(&url()).await;
     let key = l.bucket_key("k");
     assert!(l.allow_n("k", Now, 2).await);
     // Full again 2 ms later (on Redis's clock): the key expires by itself.
@@ -296,10 +284,8 @@ async fn idle_keys_vanish_when_full() {
 #[tokio::test]
 async fn redis_time_mode() {
     // One token per 1024 s: nothing refills during the test.
-    let Some(l) = limiter("time", quota(1.0 / 1024.0, 3)).await else {
-        return;
-    };
-    let mut conn = raw(&url().unwrap()).await;
+    let l = limiter("time", quota(1.0 / 1024.0, 3)).await;
+    let mut conn = raw(&url()).await;
     assert_eq!(l.remaining("k", Now).await.unwrap(), 3);
     assert_eq!(decided(l.check("k", Now, 2).await), Ok(1));
     assert!(l.allow("k", Now).await);
@@ -326,10 +312,8 @@ async fn redis_time_mode() {
 
 #[tokio::test]
 async fn script_cache_flush_is_survived() {
-    let Some(l) = limiter("noscript", quota(1.0, 2)).await else {
-        return;
-    };
-    let mut conn = raw(&url().unwrap()).await;
+    let l = limiter("noscript", quota(1.0, 2)).await;
+    let mut conn = raw(&url()).await;
     assert!(l.allow("k", 0.0).await);
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -343,10 +327,8 @@ async fn script_cache_flush_is_survived() {
 
 #[tokio::test]
 async fn a_foreign_value_is_a_typed_script_error() {
-    let Some(l) = limiter("foreign", quota(1.0, 2)).await else {
-        return;
-    };
-    let mut conn = raw(&url().unwrap()).await;
+    let l = limiter("foreign", quota(1.0, 2)).await;
+    let mut conn = raw(&url()).await;
     let key = l.bucket_key("k");
     let _: () = redis::cmd("SET")
         .arg(&key)
@@ -380,8 +362,8 @@ async fn a_foreign_value_is_a_typed_script_error() {
 
 /// `n` limiters on the test server, each over its own connection, sharing
 /// one fresh prefix.
-async fn pool(test: &str, quota: Quota, n: usize) -> Option<Vec<RedisLimiter>> {
-    let url = url()?;
+async fn pool(test: &str, quota: Quota, n: usize) -> Vec<RedisLimiter> {
+    let url = url();
     let prefix = redis_support::unique_prefix(test);
     let mut limiters = Vec::new();
     for _ in 0..n {
@@ -393,7 +375,7 @@ async fn pool(test: &str, quota: Quota, n: usize) -> Option<Vec<RedisLimiter>> {
             .with_timeout(redis_support::TEST_TIMEOUT);
         limiters.push(l);
     }
-    Some(limiters)
+    limiters
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,9 +386,7 @@ async fn concurrent_spends_admit_exactly_capacity() {
     // to refill a token during the test.
     for server_time in [false, true] {
         let rate = if server_time { 1.0 / 86_400.0 } else { 1.0 };
-        let Some(limiters) = pool("concurrent", quota(rate, CAPACITY), 4).await else {
-            return;
-        };
+        let limiters = pool("concurrent", quota(rate, CAPACITY), 4).await;
         let mut tasks = Vec::new();
         for i in 0..TASKS {
             let l = limiters[i % limiters.len()].clone();
@@ -437,9 +417,7 @@ async fn concurrent_spends_admit_exactly_capacity() {
 #[test]
 fn blocking_threads_admit_exactly_capacity() {
     const CAPACITY: u64 = 100;
-    let Some(url) = url() else {
-        return;
-    };
+    let url = url();
     let prefix = redis_support::unique_prefix("blocking_threads");
     let admitted: u64 = std::thread::scope(|scope| {
         let threads: Vec<_> = (0..8)
@@ -512,10 +490,6 @@ async fn until_ping(url: &str, deadline: Instant) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_killed_and_restarted() {
-    // Needs the suite's server only to decide between skipping and failing.
-    if url().is_none() {
-        return;
-    }
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")

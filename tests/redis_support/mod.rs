@@ -11,15 +11,15 @@ use keyrate::{Quota, RedisLimiter};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The server's URL from `KEYRATE_REDIS_URL`; always `Some`.
+/// The server's URL from `KEYRATE_REDIS_URL`.
 ///
 /// # Panics
 ///
 /// When `KEYRATE_REDIS_URL` is unset or empty: run the tests with
 /// `bash scripts/test.sh` (which starts the servers) or set it.
-pub fn url() -> Option<String> {
+pub fn url() -> String {
     match std::env::var("KEYRATE_REDIS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
+        Ok(url) if !url.is_empty() => url,
         _ => panic!(
             "KEYRATE_REDIS_URL is not set: the Redis tests need a Redis server. Run \
              `bash scripts/test.sh` (which starts throwaway servers), or start one and set \
@@ -46,17 +46,15 @@ pub const TEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A limiter on the test server with its own prefix. Keys get a TTL floor
 /// of an hour: the tests' made-up timestamps do not advance in real time.
-pub async fn limiter(test: &str, quota: Quota) -> Option<RedisLimiter> {
-    let url = url()?;
+pub async fn limiter(test: &str, quota: Quota) -> RedisLimiter {
+    let url = url();
     let limiter = RedisLimiter::connect(&url, quota)
         .await
         .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"));
-    Some(
-        limiter
-            .with_prefix(unique_prefix(test))
-            .with_min_ttl(Duration::from_secs(3600))
-            .with_timeout(TEST_TIMEOUT),
-    )
+    limiter
+        .with_prefix(unique_prefix(test))
+        .with_min_ttl(Duration::from_secs(3600))
+        .with_timeout(TEST_TIMEOUT)
 }
 
 /// A plain connection to the test server, for inspecting keys.
@@ -79,15 +77,15 @@ pub async fn keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) ->
 
 /// The Redis Cluster's node URLs from `KEYRATE_REDIS_CLUSTER_URLS`
 /// (comma-separated, e.g. `redis://127.0.0.1:7100,redis://127.0.0.1:7101`,
-/// as `scripts/redis_cluster.sh start` prints them); always `Some`.
+/// as `scripts/redis_cluster.sh start` prints them).
 ///
 /// # Panics
 ///
 /// When `KEYRATE_REDIS_CLUSTER_URLS` is unset or empty: run the tests with
 /// `bash scripts/test.sh` (which starts the servers) or set it.
-pub fn cluster_urls() -> Option<Vec<String>> {
+pub fn cluster_urls() -> Vec<String> {
     match std::env::var("KEYRATE_REDIS_CLUSTER_URLS") {
-        Ok(urls) if !urls.is_empty() => Some(urls.split(',').map(str::to_owned).collect()),
+        Ok(urls) if !urls.is_empty() => urls.split(',').map(str::to_owned).collect(),
         _ => panic!(
             "KEYRATE_REDIS_CLUSTER_URLS is not set: the cluster tests need a Redis Cluster. \
              Run `bash scripts/test.sh` (which starts throwaway servers), or start one with \
