@@ -416,7 +416,8 @@ cases! {
 
     /// A full bucket admits calls whose costs sum to exactly its capacity, at
     /// one instant, at awkward rates and with mixed costs; one token more is
-    /// denied for exactly one interval. The same after idling `refill_time`.
+    /// denied for exactly one interval (the model's). The same after idling
+    /// the time a full refill takes.
     fn whole_bursts(make) {
         let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d);
         let mut next = move || rng.next();
@@ -434,11 +435,14 @@ cases! {
         .enumerate()
         {
             for capacity in [1, 3, 7, 100, 2990] {
-                let q = quota(rate, capacity);
-                let b = call!(make(q));
+                let b = call!(make(quota(rate, capacity)));
                 let key = format!("burst{i}");
-                let interval = q.interval().as_nanos() as u64;
-                let window = q.refill_time().as_nanos() as u64;
+                // The interval of the independent model, from the rate's
+                // exact fraction.
+                let (num, den) = Model::fraction(rate).expect("a representable rate");
+                let model = Model::rounded(num, den, capacity);
+                let interval = model.spend_ns(1);
+                let window = model.spend_ns(capacity);
                 let mut now = if i % 2 == 0 { EPOCH_UNIX } else { 0 };
                 for _round in 0..2 {
                     let (secs, seen) = as_secs(now);
