@@ -363,11 +363,12 @@ fn set_quota_while_threads_spend_keeps_each_phase_within_its_bound() {
         // scheduling, then:
         //   admitted * interval + (capacity + SPENDERS) * interval
         //     + SPENDERS * max(interval, previous interval) >= end - first.
-        let interval = q.interval().as_nanos() as u64;
+        // The model's intervals, not the library's.
+        let interval = plan.token() as u64;
         let previous = if k == 0 {
             interval
         } else {
-            quota(&plan_of(k - 1)).interval().as_nanos() as u64
+            plan_of(k - 1).token() as u64
         };
         let first = admitted.first().expect("a phase ends after an admission").0;
         let end = phase.last().expect("a phase has calls").1;
