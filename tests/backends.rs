@@ -13,8 +13,8 @@
 mod common;
 mod redis_support;
 
-use common::model::{as_secs, Model, Outcome, RATES};
-use common::plans::{Outcome as PlanOutcome, PlanModel, PLANS};
+use common::model::{as_secs, outcome, Model, Outcome, RATES};
+use common::plans::{PlanModel, PLANS};
 use common::{XorShift, EPOCH_UNIX};
 use keyrate::{
     BlockingRedisLimiter, Decision, Denial, Quota, RedisLimiter, Refusal, TokenBucketLimiter,
@@ -496,14 +496,7 @@ cases! {
                 let (secs, seen) = as_secs(now);
                 let key = keys[(next() % 2) as usize];
                 let cost = next() % 110;
-                let got = match checked(call!(b.under(&q).check(key, secs, cost))) {
-                    Ok(remaining) => PlanOutcome::Admitted { remaining },
-                    Err(Denial::InsufficientTokens { retry_after }) => PlanOutcome::Wait {
-                        retry_ns: retry_after.as_nanos() as u64,
-                    },
-                    Err(Denial::ExceedsCapacity { .. }) => PlanOutcome::ExceedsCapacity,
-                    Err(other) => panic!("unexpected {other:?}"),
-                };
+                let got = outcome(call!(b.under(&q).check(key, secs, cost)));
                 assert_eq!(
                     got,
                     model.call(key, seen, cost, plan),
@@ -533,14 +526,7 @@ cases! {
                 _ => (step / 5) % (2 * window),
             };
             let (secs, seen) = as_secs(now);
-            let got = match checked(call!(b.check(keys[key], secs, cost))) {
-                Ok(remaining) => Outcome::Admitted { remaining },
-                Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-                    retry_ns: retry_after.as_nanos() as u64,
-                },
-                Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-                Err(other) => return Err(TestCaseError::fail(format!("unexpected {other:?}"))),
-            };
+            let got = outcome(call!(b.check(keys[key], secs, cost)));
             let want = model.call(keys[key], seen, cost);
             prop_assert_eq!(got, want, "cost {} at {} ns", cost, seen);
             prop_assert_eq!(

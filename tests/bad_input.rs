@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::model::{as_secs, Model, Outcome};
-use keyrate::{Decision, Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
+use common::model::{as_secs, outcome, Model, Outcome};
+use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
 use proptest::prelude::*;
 
 const BAD_TIMESTAMPS: &[f64] = &[
@@ -67,20 +67,6 @@ fn absurd_costs_are_plain_denials() {
     // The largest admissible cost still works, and only once.
     assert!(limiter.allow_n("k", 1.0, 1 << 62));
     assert!(!limiter.allow("k", 1.0));
-}
-
-/// A call's answer in the model's terms.
-fn outcome(result: Result<Decision, Denial>) -> Outcome {
-    match result {
-        Ok(decision) => Outcome::Admitted {
-            remaining: decision.remaining(),
-        },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected denial {other:?}"),
-    }
 }
 
 /// One call of a trace: a good call, or a bad one injected before it.

@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::model::{as_secs, Model, Outcome};
+use common::model::{as_secs, outcome, Model};
 use common::sync::Barrier;
-use keyrate::{Decision, Denial, Quota, TokenBucketLimiter};
+use keyrate::{Denial, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::Arc;
 use std::thread;
@@ -21,19 +21,6 @@ const HOT_CALLS: usize = 300;
 /// observable that a test meant for the hot path took it.
 fn promotions(limiter: &TokenBucketLimiter) -> u64 {
     limiter.stats().hot_key_promotions
-}
-
-fn outcome(result: Result<Decision, Denial>) -> Outcome {
-    match result {
-        Ok(decision) => Outcome::Admitted {
-            remaining: decision.remaining(),
-        },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected denial {other:?}"),
-    }
 }
 
 #[test]

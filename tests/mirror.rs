@@ -10,7 +10,7 @@
 mod common;
 mod redis_support;
 
-use common::model::{Model, Outcome};
+use common::model::{outcome, Model, Outcome};
 use common::EPOCH_UNIX;
 use keyrate::{AsyncLimiter, Decision, Denial, Now, Quota, RedisDenial, RedisLimiter, Refusal};
 use proptest::prelude::*;
@@ -26,18 +26,6 @@ fn decided(answer: Result<Decision, RedisDenial>) -> Result<u64, Denial> {
         Err(err) => Err(*err
             .denial()
             .unwrap_or_else(|| panic!("Redis answers: {err}"))),
-    }
-}
-
-/// A check's answer in the model's terms.
-fn outcome(answer: Result<Decision, RedisDenial>) -> Outcome {
-    match decided(answer) {
-        Ok(remaining) => Outcome::Admitted { remaining },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected {other:?}"),
     }
 }
 

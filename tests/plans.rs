@@ -5,10 +5,10 @@
 
 mod common;
 
-use common::model::{as_secs, Model};
-use common::plans::{Outcome, Plan, PlanModel, PLANS};
+use common::model::{as_secs, outcome, Model};
+use common::plans::{Plan, PlanModel, PLANS};
 use common::EPOCH_UNIX;
-use keyrate::{Decision, Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
+use keyrate::{Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread;
@@ -16,19 +16,6 @@ use std::time::{Duration, Instant};
 
 fn quota(plan: &Plan) -> Quota {
     Quota::new(plan.rate(), plan.capacity).unwrap()
-}
-
-fn outcome(result: Result<Decision, Denial>) -> Outcome {
-    match result {
-        Ok(decision) => Outcome::Admitted {
-            remaining: decision.remaining(),
-        },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: retry_after.as_nanos() as u64,
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected {other:?}"),
-    }
 }
 
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@
 mod common;
 mod redis_support;
 
-use common::model::{as_secs, Model, Outcome};
+use common::model::{as_secs, outcome, Model};
 use common::EPOCH_UNIX;
 use keyrate::{
     AsyncLimiter, BlockingRedisLimiter, Decision, Denial, FailurePolicy, Limiter, Now, Quota,
@@ -133,18 +133,6 @@ async fn nanosecond_exact_at_unix_epoch_scale() {
         decided(l.check("k", past, 1).await),
         Err(Denial::InvalidTimestamp)
     );
-}
-
-/// A call's answer in the model's terms; a Redis error fails the test.
-fn outcome(answer: Result<Decision, RedisDenial>) -> Outcome {
-    match decided(answer) {
-        Ok(remaining) => Outcome::Admitted { remaining },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected {other:?}"),
-    }
 }
 
 #[tokio::test]

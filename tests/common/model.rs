@@ -19,6 +19,7 @@
 //! keyrate's one-word form of the same rule.
 #![allow(dead_code)]
 
+use keyrate::{Decision, Denial, Refusal};
 use std::collections::HashMap;
 
 const NANOS: u128 = 1_000_000_000;
@@ -263,6 +264,29 @@ impl Model {
             }
         }
         true
+    }
+}
+
+/// A call's answer in the model's terms, from any backend. A refusal that
+/// is no denial (Redis failed) or a denial the model has no outcome for
+/// fails the test.
+pub fn outcome<E: Refusal>(answer: Result<Decision, E>) -> Outcome {
+    let denial = match answer {
+        Ok(decision) => {
+            return Outcome::Admitted {
+                remaining: decision.remaining(),
+            }
+        }
+        Err(refusal) => *refusal
+            .denial()
+            .unwrap_or_else(|| panic!("the backend failed: {refusal}")),
+    };
+    match denial {
+        Denial::InsufficientTokens { retry_after } => Outcome::Wait {
+            retry_ns: u64::try_from(retry_after.as_nanos()).expect("a wait below 2^64 ns"),
+        },
+        Denial::ExceedsCapacity { .. } => Outcome::ExceedsCapacity,
+        other => panic!("a denial the model does not make: {other:?}"),
     }
 }
 

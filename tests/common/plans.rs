@@ -65,13 +65,8 @@ pub const PLANS: &[Plan] = &[
     }, // 3.5/s
 ];
 
-/// What a call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Admitted { remaining: u64 },
-    Wait { retry_ns: u64 },
-    ExceedsCapacity,
-}
+/// What a call does: the same outcomes as the model without plans.
+pub use super::model::Outcome;
 
 #[derive(Debug, Default)]
 pub struct PlanModel {
