@@ -2,6 +2,9 @@
 //! bucket behaves exactly like one that never saw it.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::model::{as_secs, outcome, Model, Outcome};
 use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
 use proptest::prelude::*;
 
@@ -94,32 +97,43 @@ fn calls() -> impl Strategy<Value = Vec<Call>> {
 }
 
 proptest! {
+    /// A limiter that takes bad calls between the good ones decides every
+    /// good call as the independent model, which never sees the bad ones.
     #[test]
     fn bad_calls_leave_no_trace(trace in calls(), backwards_ms in 1u64..5000) {
-        let clean = TokenBucketLimiter::new(2.0, 4);
-        let dirty = TokenBucketLimiter::new(2.0, 4);
+        let (rate, capacity) = (2.0, 4);
+        let mut model = Model::rounded(2, 1, capacity);
+        let dirty = TokenBucketLimiter::new(rate, capacity);
         let mut now_ms = 0u64;
         for call in &trace {
             now_ms += call.dt_ms;
             let key = format!("k{}", call.key);
+            let (t, seen) = as_secs(now_ms * 1_000_000);
             if let Some((bad, cost)) = call.bad {
                 // Invalid timestamps, costs above capacity, u64::MAX: none
                 // may change anything.
                 prop_assert!(!dirty.allow_n(key.as_str(), BAD_TIMESTAMPS[bad], cost));
-                prop_assert!(!dirty.allow_n(key.as_str(), now_ms as f64 / 1e3, 5 + cost));
-                prop_assert!(!dirty.allow_n(key.as_str(), now_ms as f64 / 1e3, u64::MAX));
-                // A denied call stamped in the past changes nothing either
-                // (the same call may be admitted in the past only if tokens
-                // were there then; that is tested below).
-                let past = now_ms.saturating_sub(backwards_ms) as f64 / 1e3;
-                let _ = dirty.remaining(key.as_str(), past);
+                prop_assert!(!dirty.allow_n(key.as_str(), t, 5 + cost));
+                prop_assert!(!dirty.allow_n(key.as_str(), t, u64::MAX));
+                // A spend stamped in the past, of one token more than the
+                // bucket held then, is denied with the model's wait and
+                // changes nothing either (an admitted call in the past is
+                // tested below).
+                let (past, past_seen) =
+                    as_secs(now_ms.saturating_sub(backwards_ms) * 1_000_000);
+                let held = model.remaining(&key, past_seen);
+                if held < capacity {
+                    let want = model.call(&key, past_seen, held + 1);
+                    prop_assert!(matches!(want, Outcome::Wait { .. }), "{:?}", want);
+                    prop_assert_eq!(outcome(dirty.check(key.as_str(), past, held + 1)), want);
+                }
             }
-            let t = now_ms as f64 / 1e3;
             prop_assert_eq!(
-                clean.check(key.as_str(), t, call.cost),
-                dirty.check(key.as_str(), t, call.cost)
+                outcome(dirty.check(key.as_str(), t, call.cost)),
+                model.call(&key, seen, call.cost),
+                "cost {} at {} ms", call.cost, now_ms
             );
-            prop_assert_eq!(clean.len(), dirty.len());
+            prop_assert_eq!(dirty.len(), model.len());
         }
     }
 
@@ -130,6 +144,7 @@ proptest! {
         // Timestamps jump forwards and backwards (up to 6 s back).
         let capacity = 5;
         let limiter = TokenBucketLimiter::new(1.0, capacity);
+        let mut model = Model::rounded(1, 1, capacity);
         let (mut latest, mut earliest_admitted) = (0u64, u64::MAX);
         let mut total = 0u64;
         for (forward_ms, back_ms, cost) in calls {
@@ -137,8 +152,12 @@ proptest! {
             let t_ms = latest.saturating_sub(back_ms);
             let at_latest = latest as f64 / 1e3;
             let before = limiter.remaining("k", at_latest).unwrap();
-            let admitted = limiter.allow_n("k", t_ms as f64 / 1e3, cost);
+            let (t, seen) = as_secs(t_ms * 1_000_000);
+            let admitted = limiter.allow_n("k", t, cost);
             let after = limiter.remaining("k", at_latest).unwrap();
+            // The independent model, time running backwards included.
+            let want = model.call("k", seen, cost);
+            prop_assert_eq!(admitted, matches!(want, Outcome::Admitted { .. }));
             if admitted {
                 // Judged no more leniently than the same call made now...
                 prop_assert!(before >= cost, "late call took tokens the bucket lacks now");

@@ -6,6 +6,11 @@
 //!
 //! Needs `KEYRATE_REDIS_CLUSTER_URLS` (see `redis_support` and
 //! `scripts/redis_cluster.sh`).
+//!
+//! The tests that change the cluster, or read its roles, hold a lock file
+//! tied to the cluster (`ClusterLock`): one at a time, in this process and
+//! in any other test process on the machine. A failover leaves the cluster
+//! healthy however it ends (`Heal`).
 #![cfg(not(loom))]
 
 mod redis_support;
@@ -14,6 +19,12 @@ use keyrate::{AsyncLimiter, FailurePolicy, Quota, RedisDenial, RedisErrorKind, R
 use redis::aio::MultiplexedConnection;
 use redis_support::{cluster, cluster_urls, unique_prefix, TEST_TIMEOUT};
 use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::{ErrorKind, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 async fn node(url: &str) -> MultiplexedConnection {
@@ -28,15 +39,169 @@ fn unix_now() -> Duration {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
 }
 
-/// The failover tests change the cluster under the others: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// How long a test waits for another (in any process) to finish with the
+/// cluster: a failover takes about 15 s, and a test's healing after a
+/// failed one up to `HEAL_WITHIN`.
+const LOCK_WITHIN: Duration = Duration::from_secs(600);
+
+/// How long a failed failover may take to heal.
+const HEAL_WITHIN: Duration = Duration::from_secs(90);
+
+/// Exclusive use of the cluster named by `urls`, across processes: a lock
+/// file created with `create_new` (so only one holder exists), holding the
+/// holder's pid, and removed when the guard drops (on a panic too). A file
+/// left by a process that was killed (its pid is gone) is removed by the
+/// next one to wait.
+struct ClusterLock {
+    path: PathBuf,
+    pid: String,
+}
+
+impl ClusterLock {
+    fn acquire(urls: &[String]) -> ClusterLock {
+        // FNV-1a of the URLs: the same cluster gives the same file name in
+        // every process.
+        let id = urls
+            .join(",")
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let path = std::env::temp_dir().join(format!("keyrate-cluster-{id:016x}.lock"));
+        let pid = std::process::id().to_string();
+        let deadline = Instant::now() + LOCK_WITHIN;
+        loop {
+            match File::options().write(true).create_new(true).open(&path) {
+                Ok(mut file) => {
+                    file.write_all(pid.as_bytes()).expect("write the lock file");
+                    return ClusterLock { path, pid };
+                }
+                Err(err) if err.kind() == ErrorKind::AlreadyExists => {}
+                Err(err) => panic!("cannot create {}: {err}", path.display()),
+            }
+            Self::remove_if_stale(&path);
+            assert!(
+                Instant::now() < deadline,
+                "{} still held after {LOCK_WITHIN:?}",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Removes the lock at `path` if the process that holds it is gone.
+    fn remove_if_stale(path: &PathBuf) {
+        let Ok(holder) = fs::read_to_string(path) else {
+            return;
+        };
+        // An empty file is one being written: not stale.
+        let Ok(pid) = holder.trim().parse::<u32>() else {
+            return;
+        };
+        if !std::path::Path::new("/proc").join(pid.to_string()).exists()
+            && std::path::Path::new("/proc/self").exists()
+        {
+            // Read again just before removing: another waiter may have
+            // removed it and taken the lock meanwhile.
+            if fs::read_to_string(path).is_ok_and(|now| now == holder) {
+                eprintln!("removing {} left by process {pid}", path.display());
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+}
+
+impl Drop for ClusterLock {
+    fn drop(&mut self) {
+        // Only our own lock.
+        if fs::read_to_string(&self.path).is_ok_and(|holder| holder == self.pid) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Whether every node answers, reports `cluster_state:ok`, and every
+/// replica's link to its master is up (3 replicas, as
+/// `scripts/redis_cluster.sh` starts them); why not, if not.
+fn cluster_healthy(urls: &[String]) -> Result<(), String> {
+    let mut replicas = 0;
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).map_err(|err| format!("{url}: {err}"))?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .map_err(|err| format!("{url}: {err}"))?;
+        let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+        let cluster: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut conn)
+            .map_err(|err| format!("{url}: {err}"))?;
+        if !cluster.contains("cluster_state:ok") {
+            return Err(format!("{url}: cluster state not ok"));
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut conn)
+            .map_err(|err| format!("{url}: {err}"))?;
+        if info.contains("role:slave") {
+            if !info.contains("master_link_status:up") {
+                return Err(format!("{url}: replica's link not up"));
+            }
+            replicas += 1;
+        }
+    }
+    if replicas != 3 {
+        return Err(format!("{replicas} replicas with their link up, not 3"));
+    }
+    Ok(())
+}
+
+/// Waits until the cluster is healthy, for at most `within`.
+fn wait_healthy(urls: &[String], within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match cluster_healthy(urls) {
+            Ok(()) => return Ok(()),
+            Err(why) if Instant::now() >= deadline => {
+                return Err(format!("not healthy after {within:?}: {why}"))
+            }
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Waits, when dropped, until the cluster is healthy again: a failover
+/// that fails midway (a master still asleep, a replica half promoted)
+/// must not leave the next test a broken cluster. It fails the test if
+/// the cluster does not heal, unless the test is failing already.
+struct Heal<'a>(&'a [String]);
+
+impl Drop for Heal<'_> {
+    fn drop(&mut self) {
+        if let Err(why) = wait_healthy(self.0, HEAL_WITHIN) {
+            if thread::panicking() {
+                eprintln!("the cluster did not heal: {why}");
+            } else {
+                panic!("the cluster did not heal: {why}");
+            }
+        }
+    }
+}
+
+/// Takes the cluster for one test: waits for the lock, then for a healthy
+/// cluster.
+fn take_cluster(urls: &[String]) -> ClusterLock {
+    let lock = ClusterLock::acquire(urls);
+    if let Err(why) = wait_healthy(urls, HEAL_WITHIN) {
+        panic!("the cluster is broken before the test: {why}");
+    }
+    lock
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buckets_spread_over_slots_and_nodes() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
+    let urls = cluster_urls();
+    // Reads the masters' roles: no failover may run meanwhile.
+    let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     let prefix = unique_prefix("cluster_slots");
     let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 3).unwrap())
         .with_prefix(prefix.clone())
@@ -115,36 +280,36 @@ fn owns(slots: &[String], slot: u16) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_while_calls_run() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
+    let urls = cluster_urls();
+    let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     failover(&urls, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_hangs_and_its_replica_takes_over() {
-    let Some(urls) = cluster_urls() else {
-        return;
-    };
-    let _serial = SERIAL.lock().await;
+    let urls = cluster_urls();
+    let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     failover(&urls, true).await;
 }
 
 /// Calls run on one key while its slot moves to the replica: by
 /// `CLUSTER FAILOVER` on the replica, or (`hang`) by a master that stops
 /// answering (`DEBUG SLEEP`, longer than the cluster's node timeout) until
-/// the replica is elected in its place.
+/// the replica is elected in its place. The cluster is healthy again when
+/// it returns, or unwinds (`Heal`).
 async fn failover(urls: &[String], hang: bool) {
     // Generous: every call Redis decides is admitted, so a failed call is
     // told apart from a denial.
     let quota = Quota::new(1e6, 1 << 30).unwrap();
     let prefix = unique_prefix("cluster_failover");
-    STOP.store(false, std::sync::atomic::Ordering::Relaxed);
-    let closed = RedisLimiter::with_connection(cluster(urls).await, quota)
+    let done = Arc::new(AtomicBool::new(false));
+    // Calls during the failover fail fast (500 ms); the call that must be
+    // decided afterwards is patient.
+    let patient = RedisLimiter::with_connection(cluster(urls).await, quota)
         .with_prefix(prefix.clone())
-        .with_timeout(Duration::from_millis(500))
+        .with_timeout(TEST_TIMEOUT)
         .with_min_ttl(Duration::from_secs(60));
+    let closed = patient.clone().with_timeout(Duration::from_millis(500));
     let open = closed.clone().with_failure_policy(FailurePolicy::Open);
 
     // The replica of the master that holds key "k"'s bucket.
@@ -167,7 +332,7 @@ async fn failover(urls: &[String], hang: bool) {
     let replica_url = format!("redis://127.0.0.1:{}", replica.1);
 
     let caller = {
-        let (closed, open) = (closed.clone(), open.clone());
+        let (closed, open, done) = (closed.clone(), open.clone(), Arc::clone(&done));
         tokio::spawn(async move {
             let (mut ok, mut errors, mut kinds) = (0u64, 0u64, HashSet::new());
             let mut last_ok = Instant::now();
@@ -197,7 +362,8 @@ async fn failover(urls: &[String], hang: bool) {
                     tokio::task::yield_now().await;
                 }
                 // The test stops the loop once the new master has served.
-                if STOP.load(std::sync::atomic::Ordering::Relaxed) {
+                // Relaxed: a flag, ordering nothing else.
+                if done.load(Ordering::Relaxed) {
                     break;
                 }
             }
@@ -206,6 +372,8 @@ async fn failover(urls: &[String], hang: bool) {
     };
 
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // From here on the cluster is changed: heal it however this ends.
+    let _heal = Heal(urls);
     let failover_at = Instant::now();
     let mut replica_conn = node(&replica_url).await;
     if hang {
@@ -257,7 +425,7 @@ async fn failover(urls: &[String], hang: bool) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+    done.store(true, Ordering::Relaxed);
     let (ok, errors, kinds, gap, open_denies) = caller.await.expect("no panic in the caller");
     eprintln!(
         "failover (hang: {hang}): replica promoted after {promoted_after:?}; {ok} calls decided, {errors} \
@@ -272,9 +440,7 @@ async fn failover(urls: &[String], hang: bool) {
     }
     assert_eq!(open_denies, 0, "fail open admits while the slot moves");
     // Decided again afterwards, on the new master.
-    if let Err(err) = closed.check("k", unix_now(), 1).await {
+    if let Err(err) = patient.check("k", unix_now(), 1).await {
         panic!("not admitted on the new master: {err}");
     }
 }
-
-static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -5,27 +5,22 @@
 
 mod common;
 
-use common::model::{as_secs, Model, Outcome};
-use keyrate::{Decision, Denial, Quota, TokenBucketLimiter};
+use common::model::{as_secs, outcome, Model};
+use common::sync::Barrier;
+use keyrate::{Denial, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::thread;
 
-/// Calls in a row that certainly get a key cached (the threshold is 64 net
-/// calls on one bucket).
+/// Calls in a row on one key, all through the map, that get it cached: a
+/// quarter of the lookups vote, at random, and 16 votes promote, so about
+/// 64 on average; 300 leave a key uncached with probability 2e-20.
 const HOT_CALLS: usize = 300;
 
-fn outcome(result: Result<Decision, Denial>) -> Outcome {
-    match result {
-        Ok(decision) => Outcome::Admitted {
-            remaining: decision.remaining(),
-        },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: u64::try_from(retry_after.as_nanos()).unwrap(),
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected denial {other:?}"),
-    }
+/// Keys the calling threads' hot-key caches took in for `limiter`: the
+/// observable that a test meant for the hot path took it.
+fn promotions(limiter: &TokenBucketLimiter) -> u64 {
+    limiter.stats().hot_key_promotions
 }
 
 #[test]
@@ -36,6 +31,8 @@ fn a_cached_bucket_is_swept_like_any_other() {
     let worker = {
         let (limiter, cached, swept) = (limiter.clone(), cached.clone(), swept.clone());
         thread::spawn(move || {
+            // A failure here must not leave the main thread waiting.
+            let _guards = (cached.guard(), swept.guard());
             for _ in 0..HOT_CALLS {
                 assert!(limiter.allow("hot", 0.0));
             }
@@ -46,8 +43,10 @@ fn a_cached_bucket_is_swept_like_any_other() {
             (0..2000).filter(|_| limiter.allow("hot", 1e6)).count()
         })
     };
+    let _guards = (cached.guard(), swept.guard());
     cached.wait();
     assert_eq!(limiter.remaining("hot", 0.0), Ok(1000 - HOT_CALLS as u64));
+    assert_eq!(promotions(&limiter), 1, "the worker caches the key");
     // Full again at 1e6 s: swept although the worker caches it.
     assert_eq!(limiter.sweep(1e6), 1);
     assert!(limiter.is_empty());
@@ -65,6 +64,7 @@ fn cached_keys_never_hold_places_under_the_cap() {
     let worker = {
         let (limiter, cached, release) = (limiter.clone(), cached.clone(), release.clone());
         thread::spawn(move || {
+            let _guards = (cached.guard(), release.guard());
             // Both keys win this thread's vote in turn and fill its two
             // slots.
             for key in ["a", "b"] {
@@ -76,7 +76,9 @@ fn cached_keys_never_hold_places_under_the_cap() {
             release.wait();
         })
     };
+    let _guards = (cached.guard(), release.guard());
     cached.wait();
+    assert_eq!(promotions(&limiter), 2, "the worker caches both keys");
     assert_eq!(
         limiter.check("c", 0.0, 1),
         Err(Denial::LimiterFull { max_buckets: 2 })
@@ -110,18 +112,29 @@ fn limiters_sharing_a_thread_and_a_key_keep_their_own_buckets() {
         }
     }
     assert_eq!((big_admitted, small_admitted, ids_admitted), (300, 5, 7));
+    // Each key was cached once, and stayed cached (four keys in 32 sets of
+    // eight ways evict none).
+    assert_eq!(
+        (
+            promotions(&big),
+            promotions(&small),
+            ids.stats().hot_key_promotions
+        ),
+        (1, 1, 1)
+    );
     // A new limiter never inherits a dropped one's cached bucket (`big`,
     // hammered last, is still in this thread's cache).
     drop(big);
     let fresh = TokenBucketLimiter::new(1.0, 50);
     let admitted = (0..HOT_CALLS).filter(|_| fresh.allow("k", 0.0)).count();
     assert_eq!(admitted, 50);
+    assert_eq!(promotions(&fresh), 1);
 }
 
 /// One hot key at one instant, spent at once by three threads: two keyed
 /// callers that each cache it (or, `with_handles`, one keyed caller and one
-/// handle), and a keyed caller that alternates with other keys, so that it
-/// never caches it. Together they must admit exactly the capacity.
+/// handle), and a keyed caller that alternates with other keys. Together
+/// they must admit exactly the capacity.
 fn three_paths_on_one_key(with_handles: bool) {
     const CAPACITY: u64 = 20_000;
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, CAPACITY));
@@ -129,6 +142,7 @@ fn three_paths_on_one_key(with_handles: bool) {
     let spawn = |role: usize| {
         let (limiter, start) = (limiter.clone(), start.clone());
         thread::spawn(move || {
+            let _guard = start.guard();
             let handle = (with_handles && role == 1).then(|| limiter.bucket("hot"));
             start.wait();
             let mut admitted = 0u64;
@@ -149,6 +163,9 @@ fn three_paths_on_one_key(with_handles: bool) {
     let admitted: u64 = workers.into_iter().map(|w| w.join().unwrap()).sum();
     assert_eq!(admitted, CAPACITY);
     assert_eq!(limiter.remaining("hot", 5.0), Ok(0));
+    // Each keyed caller that only calls "hot" cached it.
+    let cachers = if with_handles { 1 } else { 2 };
+    assert!(promotions(&limiter) >= cachers, "{:?}", limiter.stats());
 }
 
 #[test]
@@ -176,8 +193,11 @@ struct Block {
     sweep: bool,
 }
 
+/// Blocks of calls; the first one long enough to cache its key, whatever
+/// its costs (all but those above the capacity, at most a third, are map
+/// lookups until it is cached: `2 * HOT_CALLS` calls make `HOT_CALLS`).
 fn blocks() -> impl Strategy<Value = Vec<Block>> {
-    prop::collection::vec(
+    let rest = prop::collection::vec(
         (
             0usize..3,
             1usize..200,
@@ -192,8 +212,20 @@ fn blocks() -> impl Strategy<Value = Vec<Block>> {
                 cost,
                 sweep,
             }),
-        1..24,
-    )
+        0..24,
+    );
+    let first = (2 * HOT_CALLS..3 * HOT_CALLS, 0u64..6, 0u64..8);
+    (first, rest).prop_map(|((calls, step_quarters, cost), mut rest)| {
+        let hot = Block {
+            key: 0,
+            calls,
+            step_quarters,
+            cost,
+            sweep: false,
+        };
+        rest.insert(0, hot);
+        rest
+    })
 }
 
 proptest! {
@@ -233,5 +265,7 @@ proptest! {
         for key in keys {
             prop_assert_eq!(limiter.remaining(key, secs), Ok(model.remaining(key, seen)));
         }
+        // The first block's key was cached: decisions came from the cache.
+        prop_assert!(promotions(&limiter) >= 1);
     }
 }

@@ -1,20 +1,22 @@
-//! The local deny mirror against a real Redis: the same decisions as the
-//! mirror-off limiter with the caller's timestamps (several limiters, one
-//! Redis, random keys, costs and timestamps, backwards time included), and
-//! with Redis's clock never an admission Redis would refuse.
+//! The local deny mirror against a real Redis: the decisions of the
+//! independent model, as the mirror-off limiter makes them, with the
+//! caller's timestamps (several limiters, one Redis, random keys, costs and
+//! timestamps, backwards time included), and with Redis's clock never an
+//! admission Redis would refuse.
 //!
 //! Needs `KEYRATE_REDIS_URL` (see `redis_support`).
 #![cfg(not(loom))]
 
+mod common;
 mod redis_support;
 
+use common::model::{outcome, Model, Outcome};
+use common::EPOCH_UNIX;
 use keyrate::{AsyncLimiter, Decision, Denial, Now, Quota, RedisDenial, RedisLimiter, Refusal};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redis_support::{unique_prefix, url, TEST_TIMEOUT};
 use std::time::{Duration, Instant};
-
-const EPOCH_UNIX: u64 = 1_700_000_000_000_000_000;
 
 /// Redis's answer to a check: the tokens left, or the denial; a Redis
 /// error fails the test.
@@ -61,16 +63,19 @@ fn ops(capacity: u64) -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// Each op runs on limiter `i` of the mirrored set and of the mirror-off
-/// set (two prefixes, so two copies of every bucket on one Redis).
+/// set (two prefixes, so two copies of every bucket on one Redis), and in
+/// the independent model of the rate `num / den`.
 async fn differential(
     url: &str,
-    quota: Quota,
+    (num, den, capacity): (u64, u64, u64),
     ops: Vec<Op>,
     mirror_capacity: usize,
 ) -> Result<(), TestCaseError> {
+    let quota = Quota::new(num as f64 / den as f64, capacity).unwrap();
     let mirrored = limiters(url, quota, &unique_prefix("mirror_on"), 3, mirror_capacity).await;
     let plain = limiters(url, quota, &unique_prefix("mirror_off"), 3, 0).await;
-    let interval = quota.refill_time().as_nanos() as u64 / quota.capacity();
+    let mut model = Model::rounded(num, den, capacity);
+    let interval = model.spend_ns(1);
     let mut now = EPOCH_UNIX;
     for (i, key, step, cost) in ops {
         // Mostly forwards, sometimes still, sometimes backwards.
@@ -83,21 +88,28 @@ async fn differential(
         };
         let at = Duration::from_nanos(now);
         let key = format!("k{key}");
-        let want = decided(plain[i].check(&key, at, cost).await);
-        let got = decided(mirrored[i].check(&key, at, cost).await);
+        let want = model.call(&key, now, cost);
+        let redis = outcome(plain[i].check(&key, at, cost).await);
+        prop_assert_eq!(
+            redis,
+            want,
+            "mirror off: limiter {} key {} cost {} at {}",
+            i,
+            &key,
+            cost,
+            now
+        );
+        let got = outcome(mirrored[i].check(&key, at, cost).await);
         match (got, want) {
-            (
-                Err(Denial::InsufficientTokens { retry_after: local }),
-                Err(Denial::InsufficientTokens { retry_after: redis }),
-            ) => {
+            (Outcome::Wait { retry_ns: local }, Outcome::Wait { retry_ns: exact }) => {
                 // Exact when this limiter is the key's only writer; a lower
                 // bound when the other limiters spent it meanwhile.
-                prop_assert!(local <= redis, "retry-after {:?} > {:?}", local, redis);
+                prop_assert!(local <= exact, "retry-after {} ns > {} ns", local, exact);
             }
             (got, want) => prop_assert_eq!(
                 got,
                 want,
-                "limiter {} key {} cost {} at {}",
+                "mirror on: limiter {} key {} cost {} at {}",
                 i,
                 key,
                 cost,
@@ -109,9 +121,7 @@ async fn differential(
 }
 
 fn run_differential(mirror_capacity: usize) {
-    let Some(url) = url() else {
-        return;
-    };
+    let url = url();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -121,13 +131,13 @@ fn run_differential(mirror_capacity: usize) {
         failure_persistence: None,
         ..Config::default()
     });
-    let quotas = [(1.0, 3), (3.0, 5), (1e6, 4), (0.5, 1)];
+    // (num, den, capacity): the rate is num / den tokens a second.
+    let quotas = [(1, 1, 3), (3, 1, 5), (1_000_000, 1, 4), (1, 2, 1)];
     let strategy = (0..quotas.len()).prop_flat_map(move |q| {
-        let (rate, capacity) = quotas[q];
-        (Just(rate), Just(capacity), ops(capacity))
+        let quota = quotas[q];
+        (Just(quota), ops(quota.2))
     });
-    let result = runner.run(&strategy, |(rate, capacity, ops)| {
-        let quota = Quota::new(rate, capacity).unwrap();
+    let result = runner.run(&strategy, |(quota, ops)| {
         runtime.block_on(differential(&url, quota, ops, mirror_capacity))
     });
     if let Err(err) = result {
@@ -148,9 +158,7 @@ fn a_tiny_mirror_evicts_and_still_decides_as_redis_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
-    let Some(url) = url() else {
-        return;
-    };
+    let url = url();
     // One token per 1024 s: nothing refills during the test, so a call is
     // admitted exactly when the bucket still holds a token in Redis.
     let slow = Quota::new(1.0 / 1024.0, 3).unwrap();
@@ -170,12 +178,18 @@ async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
 
     // A fast quota hammered from two tasks for a while: the mirrored
     // limiter admits no more than Redis's clock allows over the run
-    // (capacity plus the refill of the elapsed time, measured around it).
+    // (capacity plus the refill of the elapsed time, measured around it on
+    // Redis's clock).
     let rate = 2000.0;
     let fast = Quota::new(rate, 5).unwrap();
     let prefix = unique_prefix("mirror_now_fast");
     let mirrored = limiters(&url, fast, &prefix, 1, 1024).await.remove(0);
-    let start = Instant::now();
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let start = redis_time(&mut conn).await;
     let mut tasks = Vec::new();
     for _ in 0..2 {
         let limiter = mirrored.clone();
@@ -194,11 +208,18 @@ async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
     for task in tasks {
         admitted += task.await.unwrap();
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    // On Redis's clock, which decided every call.
+    let elapsed = (redis_time(&mut conn).await - start).as_secs_f64();
     let most = 5 + (elapsed * rate).ceil() as u64 + 1;
     assert!(
         admitted <= most,
         "admitted {admitted}, Redis allows at most {most}"
     );
     assert!(admitted > 0);
+}
+
+/// Redis's `TIME`, since the Unix epoch.
+async fn redis_time(conn: &mut redis::aio::MultiplexedConnection) -> Duration {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    Duration::from_secs(secs) + Duration::from_micros(micros)
 }

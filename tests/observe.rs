@@ -5,6 +5,7 @@
 mod common;
 
 use common::api_key;
+use common::sync::Barrier;
 use keyrate::{Denial, Stats, TokenBucketLimiter, OFFENDER_SLOTS};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -60,23 +61,39 @@ fn stats_off_count_nothing() {
     assert!(limiter.top_offenders(10).top.is_empty());
 }
 
-/// Many threads (more than the limiter has stripes, so some share the
-/// overflow stripe), each counting what its own calls returned: the sums
-/// must match the limiter's counters exactly.
+/// A limiter keeps at most this many per-thread stripes of counters
+/// (twice the cores, clamped to 4..=64: src/observe/slot.rs); threads
+/// beyond them share one overflow stripe.
+const MAX_STRIPES: u64 = 64;
+
+/// Many threads, each counting what its own calls returned: the sums must
+/// match the limiter's counters exactly. The threads all hold their slots
+/// at once (each waits, after its first counted call, for the others), and
+/// there are more of them than a limiter has stripes on any machine, so
+/// some count in the shared overflow stripe.
 #[test]
 fn concurrent_counts_add_up_exactly() {
-    const THREADS: u64 = 24;
+    const THREADS: u64 = MAX_STRIPES + 4;
     const CALLS: u64 = 5_000;
     let limiter = Arc::new(TokenBucketLimiter::new(1000.0, 50));
     let keys: Arc<Vec<String>> = Arc::new((0..8).map(api_key).collect());
+    let all_counting = Arc::new(Barrier::new(THREADS as usize));
     let totals: Vec<(u64, u64, u64)> = (0..THREADS)
         .map(|t| {
             let limiter = Arc::clone(&limiter);
             let keys = Arc::clone(&keys);
+            let all_counting = Arc::clone(&all_counting);
             thread::spawn(move || {
+                let _guard = all_counting.guard();
                 let (mut admitted, mut cost_admitted, mut denied) = (0, 0, 0);
                 let handle = limiter.bucket(keys[t as usize % keys.len()].as_str());
                 for i in 0..CALLS {
+                    if i == 1 {
+                        // Every thread has counted a call: each holds its
+                        // own slot, so at least THREADS - MAX_STRIPES of
+                        // them are beyond the limiter's stripes.
+                        all_counting.wait();
+                    }
                     let cost = 1 + (i + t) % 3;
                     let at = i as f64 * 1e-4;
                     let ok = match i % 4 {

@@ -5,58 +5,17 @@
 
 mod common;
 
-use common::model::{as_secs, Model};
-use common::plans::{Outcome, Plan, PlanModel};
-use keyrate::{Decision, Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
+use common::model::{as_secs, outcome, Model};
+use common::plans::{Plan, PlanModel, PLANS};
+use common::EPOCH_UNIX;
+use keyrate::{Denial, Limiter, ManualClock, Now, Quota, TokenBucketLimiter};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// Plans with whole and fractional intervals, small and large bursts.
-const PLANS: &[Plan] = &[
-    Plan {
-        num: 1,
-        den: 1,
-        capacity: 5,
-    }, // free: 1/s, burst 5
-    Plan {
-        num: 20,
-        den: 1,
-        capacity: 100,
-    }, // pro: 20/s, burst 100
-    Plan {
-        num: 3,
-        den: 1,
-        capacity: 3,
-    }, // 3/s: 333_333_333.3 ns a token
-    Plan {
-        num: 1,
-        den: 4,
-        capacity: 2,
-    }, // 0.25/s
-    Plan {
-        num: 7,
-        den: 2,
-        capacity: 12,
-    }, // 3.5/s
-];
-
 fn quota(plan: &Plan) -> Quota {
     Quota::new(plan.rate(), plan.capacity).unwrap()
-}
-
-fn outcome(result: Result<Decision, Denial>) -> Outcome {
-    match result {
-        Ok(decision) => Outcome::Admitted {
-            remaining: decision.remaining(),
-        },
-        Err(Denial::InsufficientTokens { retry_after }) => Outcome::Wait {
-            retry_ns: retry_after.as_nanos() as u64,
-        },
-        Err(Denial::ExceedsCapacity { .. }) => Outcome::ExceedsCapacity,
-        Err(other) => panic!("unexpected {other:?}"),
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -107,7 +66,7 @@ proptest! {
         let keys = ["sk_free_a", "sk_pro_b", "sk_c"];
         let handles: Vec<_> = keys.iter().map(|k| limiter.bucket(*k)).collect();
         let mut model = PlanModel::new();
-        let mut now: u64 = if unix { 1_700_000_000_000_000_000 } else { 0 };
+        let mut now: u64 = if unix { EPOCH_UNIX } else { 0 };
         for op in ops {
             let plan = &PLANS[op.plan];
             let q = quota(plan);
@@ -391,11 +350,12 @@ fn set_quota_while_threads_spend_keeps_each_phase_within_its_bound() {
         // scheduling, then:
         //   admitted * interval + (capacity + SPENDERS) * interval
         //     + SPENDERS * max(interval, previous interval) >= end - first.
-        let interval = q.interval().as_nanos() as u64;
+        // The model's intervals, not the library's.
+        let interval = plan.token() as u64;
         let previous = if k == 0 {
             interval
         } else {
-            quota(&plan_of(k - 1)).interval().as_nanos() as u64
+            plan_of(k - 1).token() as u64
         };
         let first = admitted.first().expect("a phase ends after an admission").0;
         let end = phase.last().expect("a phase has calls").1;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::api_key;
+use common::{api_key, XorShift};
 use keyrate::TokenBucketLimiter;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -56,11 +56,9 @@ fn many_keys_mixed_costs_leave_exactly_capacity_minus_spent() {
     let spent: Arc<Vec<AtomicU64>> = Arc::new((0..keys).map(|_| AtomicU64::new(0)).collect());
     let (l, s) = (Arc::clone(&limiter), Arc::clone(&spent));
     run_threads(THREADS, move |t| {
-        let mut x = 0x2545_f491_4f6c_dd1d_u64 ^ (t as u64 + 1);
+        let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d ^ (t as u64 + 1));
         for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next();
             let key = x % keys;
             let cost = (x >> 32) % 6; // 0..=5, including cost 0
             if l.allow_n(api_key(key).as_str(), 0.0, cost) {

@@ -4,13 +4,18 @@
 //! loom proves the protocols for 2-3 threads and a few calls; these tests
 //! run the same protocols with more threads than cores, so that preemption
 //! lands anywhere, and check the same counts. They assert counts only,
-//! never timings.
+//! never timings. A failed assertion in any thread fails the test at once:
+//! barriers break and loops stop (`common::sync`), nothing waits forever.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::sync::{Barrier, SetOnDrop, PATIENCE};
+use common::XorShift;
 use keyrate::{BucketHandle, TokenBucketLimiter};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Barrier;
 use std::thread;
+use std::time::Instant;
 
 /// More threads than the CI machine's cores, so threads are preempted
 /// mid-protocol as well as racing on other cores.
@@ -25,6 +30,7 @@ fn on_threads<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
             .map(|t| {
                 let (f, start) = (&f, &start);
                 scope.spawn(move || {
+                    let _guard = start.guard();
                     start.wait();
                     f(t)
                 })
@@ -35,18 +41,6 @@ fn on_threads<T: Send>(f: impl Fn(usize) -> T + Sync) -> Vec<T> {
             .map(|thread| thread.join().expect("a stress thread panicked"))
             .collect()
     })
-}
-
-/// A small xorshift generator: reproducible per thread, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// Model 1 at scale: same-instant unit spends on one hot key, through the
@@ -87,7 +81,7 @@ fn mixed_costs_leave_exactly_capacity_minus_spent() {
     let limiter = TokenBucketLimiter::new(1.0, capacity);
     let spent: u64 = on_threads(|t| {
         let handle = (t % 2 == 1).then(|| limiter.bucket("sk_live_mixed"));
-        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
         let mut spent = 0;
         for _ in 0..CALLS_PER_THREAD {
             let cost = rng.next() % 6; // 0..=5, cost 0 included
@@ -138,6 +132,9 @@ fn mixed_timestamps_never_exceed_capacity_plus_refill() {
             }
             rises
         });
+        // Stops the observer however this scope ends: a spender that
+        // panics must fail the test, not leave the observer spinning.
+        let stop = SetOnDrop(&done);
         let admitted: u64 = on_threads(|t| {
             // Thread t's clock runs at 1/(t+1) of the fastest one's pace and
             // starts t ms late: its calls are stamped ever further behind.
@@ -145,14 +142,19 @@ fn mixed_timestamps_never_exceed_capacity_plus_refill() {
             (0..CALLS_PER_THREAD)
                 .filter(|i| {
                     let ns = 1_000_000_000 - t as u64 * 1_000_000 + i * pace;
+                    assert!(
+                        !(t == 1
+                            && *i == 1000
+                            && std::env::var("INJECT").as_deref() == Ok("mixed")),
+                        "injected"
+                    );
                     limiter.allow("sk_live_clock", ns as f64 / 1e9)
                 })
                 .count() as u64
         })
         .into_iter()
         .sum();
-        // Release pairs with the observer's Acquire load.
-        done.store(true, Ordering::Release);
+        drop(stop);
         (admitted, observer.join().expect("the observer panicked"))
     });
     // The earliest stamp is thread 3's first, the latest thread 0's last.
@@ -185,10 +187,16 @@ fn first_use_races_on_fresh_keys_make_one_bucket_and_admit_capacity() {
     let per_key: Vec<AtomicU32> = (0..KEYS).map(|_| AtomicU32::new(0)).collect();
     let lockstep = Barrier::new(THREADS);
     on_threads(|t| {
+        // A thread that fails breaks the lockstep for the others.
+        let _guard = lockstep.guard();
         for (k, key) in keys.iter().enumerate() {
             if k % STRIDE == 0 {
                 lockstep.wait();
             }
+            assert!(
+                !(t == 2 && k == 1000 && std::env::var("INJECT").as_deref() == Ok("first")),
+                "injected"
+            );
             for call in 0..CALLS_PER_KEY {
                 // One thread in four opens each key with a handle.
                 let admitted = if (k + t + call) % THREADS == 0 {
@@ -221,9 +229,15 @@ fn first_use_races_on_fresh_keys_make_one_bucket_and_admit_capacity() {
 /// `capacity` minus what that round admitted: an admitted spend that
 /// landed on a bucket the sweeper then dropped would show as tokens that
 /// should not be there.
+///
+/// The race must really happen: rounds go on past `ROUNDS` until the
+/// sweeper has evicted buckets while the spenders spent in at least
+/// `RACED_ROUNDS` of them, however the scheduler treats the sweeper (the
+/// test fails if that takes longer than `PATIENCE`).
 #[test]
 fn sweeps_racing_spends_never_lose_an_admitted_spend() {
     const ROUNDS: u64 = 2_000;
+    const RACED_ROUNDS: u64 = 100;
     const KEYS: usize = 32;
     const CALLS_PER_KEY: u64 = 6; // per spender and round: 1.15 million calls
     const SPENDERS: usize = THREADS - 1;
@@ -237,26 +251,38 @@ fn sweeps_racing_spends_never_lose_an_admitted_spend() {
     // later, so it only drops buckets that no spender of the round can tell
     // from new ones.
     let round = AtomicU64::new(0);
+    // Buckets the sweeper has evicted so far.
+    let evicted = AtomicU64::new(0);
+    // Tells the spenders, at the start of a round, that there is none.
+    let last = AtomicBool::new(false);
     let done = AtomicBool::new(false);
     let round_over = Barrier::new(SPENDERS + 1);
     let round_checked = Barrier::new(SPENDERS + 1);
-    let evicted = thread::scope(|scope| {
+    let (rounds, raced) = thread::scope(|scope| {
         let sweeper = scope.spawn(|| {
-            let mut evicted = 0;
             // Acquire pairs with the Release store of `done`; `round` is read
             // Relaxed: a stale (earlier) round only makes the sweep stricter.
             while !done.load(Ordering::Acquire) {
-                evicted += limiter.sweep(round.load(Ordering::Relaxed) as f64);
+                let n = limiter.sweep(round.load(Ordering::Relaxed) as f64);
+                // Relaxed: a tally, read by the main thread between rounds.
+                evicted.fetch_add(n as u64, Ordering::Relaxed);
             }
-            evicted
         });
         for s in 0..SPENDERS {
             let (limiter, keys, spent) = (&limiter, &keys, &spent);
+            let (round, last) = (&round, &last);
             let (round_over, round_checked) = (&round_over, &round_checked);
             scope.spawn(move || {
-                let mut rng = XorShift(0x2545_f491_4f6c_dd1d ^ (s as u64 + 1));
-                for r in 0..ROUNDS {
+                // A failed spender breaks the barriers for the main thread.
+                let _guards = (round_over.guard(), round_checked.guard());
+                let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d ^ (s as u64 + 1));
+                loop {
                     round_checked.wait();
+                    // Relaxed: both were stored before the barrier.
+                    if last.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let r = round.load(Ordering::Relaxed);
                     let now = r as f64;
                     // Some keys sit a round out, so their full buckets are
                     // evicted and recreated rather than only raced.
@@ -285,13 +311,30 @@ fn sweeps_racing_spends_never_lose_an_admitted_spend() {
                 }
             });
         }
-        for r in 0..ROUNDS {
+        // However this thread ends, the sweeper stops and the spenders
+        // stop waiting for it.
+        let stop = SetOnDrop(&done);
+        let _guards = (round_over.guard(), round_checked.guard());
+        let started = Instant::now();
+        let mut raced = 0;
+        let mut r = 0;
+        while r < ROUNDS || raced < RACED_ROUNDS {
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the sweeper evicted during only {raced} of {r} rounds"
+            );
+            let before = evicted.load(Ordering::Relaxed);
             // Relaxed: the barrier below publishes it to the spenders.
             round.store(r, Ordering::Relaxed);
             round_checked.wait();
             round_over.wait();
+            raced += u64::from(evicted.load(Ordering::Relaxed) > before);
             for (k, key) in keys.iter().enumerate() {
                 let spent = spent[k].swap(0, Ordering::Relaxed);
+                assert!(
+                    !(r == 5 && std::env::var("INJECT").as_deref() == Ok("sweep")),
+                    "injected"
+                );
                 assert!(spent <= capacity, "round {r}, key {k}: spent {spent}");
                 assert_eq!(
                     limiter.remaining(key.as_str(), r as f64),
@@ -299,14 +342,18 @@ fn sweeps_racing_spends_never_lose_an_admitted_spend() {
                     "round {r}, key {k}: an admitted spend was lost"
                 );
             }
+            r += 1;
         }
-        // Release pairs with the sweeper's Acquire load.
-        done.store(true, Ordering::Release);
-        sweeper.join().expect("the sweeper panicked")
+        last.store(true, Ordering::Relaxed);
+        round_checked.wait();
+        drop(stop);
+        sweeper.join().expect("the sweeper panicked");
+        (r, raced)
     });
-    // How many buckets the racing sweeper dropped is up to the scheduler;
-    // print it so a run shows the race happened, but assert only counts.
-    eprintln!("sweeper evicted {evicted} buckets over {ROUNDS} rounds");
+    eprintln!(
+        "sweeper evicted {} buckets, during {raced} of {rounds} rounds",
+        evicted.into_inner()
+    );
 }
 
 /// Model 5 at scale: threads race to create far more new keys than the cap

@@ -233,10 +233,16 @@ fn wait_futures_are_send() {
     assert!(runtime.block_on(handled).is_err());
 }
 
+/// On the real clock: each wait is admitted, and only after the refill it
+/// needed. A sleep may run late on a busy machine (the bucket then holds
+/// more when the wait wakes), so the tokens left are bounded, not exact,
+/// and the time is bounded below only.
 #[test]
 fn blocking_wait_is_admitted_after_a_real_sleep() {
     let limiter = TokenBucketLimiter::new(1000.0, 2); // a token every ms
+    let start = std::time::Instant::now();
     assert_eq!(limiter.check("k", Now, 2).map(|d| d.remaining()), Ok(0));
+    // Cost 2 of capacity 2 leaves nothing, however late it wakes.
     assert_eq!(
         limiter
             .wait_blocking("k", 2, Duration::from_secs(10))
@@ -244,11 +250,16 @@ fn blocking_wait_is_admitted_after_a_real_sleep() {
         Ok(0)
     );
     let handle = limiter.bucket("k");
-    assert_eq!(
-        handle
-            .wait_blocking(&(), 1, Duration::from_secs(10))
-            .map(|d| d.remaining()),
-        Ok(0)
+    let left = handle
+        .wait_blocking(&(), 1, Duration::from_secs(10))
+        .map(|d| d.remaining());
+    assert!(matches!(left, Ok(0 | 1)), "{left:?}");
+    // 5 tokens admitted from a bucket of 2 empty at `start`: at least 3 ms
+    // of refill, on the limiter's monotonic clock as on this one.
+    assert!(
+        start.elapsed() >= Duration::from_millis(3),
+        "{:?}",
+        start.elapsed()
     );
 }
 

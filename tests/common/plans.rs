@@ -36,13 +36,37 @@ impl Plan {
     }
 }
 
-/// What a call does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Admitted { remaining: u64 },
-    Wait { retry_ns: u64 },
-    ExceedsCapacity,
-}
+/// Plans with whole and fractional intervals, small and large bursts.
+pub const PLANS: &[Plan] = &[
+    Plan {
+        num: 1,
+        den: 1,
+        capacity: 5,
+    }, // free: 1/s, burst 5
+    Plan {
+        num: 20,
+        den: 1,
+        capacity: 100,
+    }, // pro: 20/s, burst 100
+    Plan {
+        num: 3,
+        den: 1,
+        capacity: 3,
+    }, // 3/s: 333_333_333.3 ns a token
+    Plan {
+        num: 1,
+        den: 4,
+        capacity: 2,
+    }, // 0.25/s
+    Plan {
+        num: 7,
+        den: 2,
+        capacity: 12,
+    }, // 3.5/s
+];
+
+/// What a call does: the same outcomes as the model without plans.
+pub use super::model::Outcome;
 
 #[derive(Debug, Default)]
 pub struct PlanModel {
