@@ -60,7 +60,7 @@ async fn main() {
     println!("listening on {addr}");
     println!("  ws://{addr}/v1/stream   (WebSocket; Authorization: Bearer <key> or X-API-Key)");
     println!("  http://{addr}/v1/tts    (POST text; costs its length)");
-    println!("  http://{addr}/metrics   (Prometheus text: counters, top offenders by fingerprint, responses)");
+    println!("  http://{addr}/metrics   (Prometheus text: counters, top offenders by fingerprint, streams, responses)");
     if app.admin_routes() {
         println!(
             "  http://{addr}/admin/plans[/{{free,pro}}]  (GET / PUT JSON quotas; X-Admin-Token from the configuration)"
@@ -68,10 +68,14 @@ async fn main() {
     } else {
         println!("  admin routes off (set KEYRATE_ADMIN_TOKEN to turn them on)");
     }
-    println!("  plans: sk_pro_* keys are on pro (5x bursts, 10x rates), other keys on free");
     println!(
-        "  per key: connections+contexts {} burst, {}/s; synthesis {} chars burst, {} chars/s; \
-         closed (1008) after {} ignored retry_afters; at most {} buckets per budget",
+        "  plans: sk_pro_* keys are on pro (5x bursts, 10x rates and streams), other keys on free"
+    );
+    println!(
+        "  per key: {} streams open at once; connections+contexts {} burst, {}/s; \
+         synthesis {} chars burst, {} chars/s; closed (1008) after {} ignored retry_afters; \
+         at most {} buckets per budget",
+        limits.max_streams,
         limits.connect_burst,
         limits.connect_rate,
         limits.synth_burst,

@@ -97,7 +97,10 @@ pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
-pub use crate::layer::{Limited, RateLimitLayer, RateLimitService};
+pub use crate::layer::{
+    ConcurrencyLimitLayer, ConcurrencyLimitService, HeldPermit, Limited, RateLimitLayer,
+    RateLimitService,
+};
 pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
 pub use crate::observe::Responses;

@@ -1,5 +1,6 @@
-//! Prometheus text exposition of limiters' counters, their top offenders
-//! and the layer's responses (feature `prometheus`).
+//! Prometheus text exposition of limiters' counters, their top offenders,
+//! concurrency limiters' permits and the layers' responses (feature
+//! `prometheus`).
 //!
 //! [`Metrics`] names the limiters (and layers) to expose, and
 //! [`render`](Metrics::render) reads them and encodes the Prometheus text
@@ -21,6 +22,13 @@
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender, the key's label (below) |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
 //! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
+//! | `keyrate_concurrency_in_flight` | gauge | (concurrency limiters: permits held now, over every key) |
+//! | `keyrate_concurrency_keys`, `keyrate_concurrency_waiting` | gauge | (concurrency limiters: keys tracked, callers waiting) |
+//! | `keyrate_concurrency_acquired_total` | counter | (concurrency limiters: permits given) |
+//! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` |
+//!
+//! A concurrency limiter ([`Metrics::concurrency`]) is exported with no
+//! per-key series at all: its keys are counted, never named.
 //!
 //! # Keys
 //!
@@ -37,9 +45,11 @@
 //! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
-//! arrive; a layer contributes 6. So `n` limiters and `m` layers expose at
-//! most `n * (15 + top) + 6 * m` series.
+//! arrive; a layer contributes 6 and a concurrency limiter 8. So `n`
+//! limiters, `m` layers and `c` concurrency limiters expose at most
+//! `n * (15 + top) + 6 * m + 8 * c` series.
 
+use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
 use crate::keyed::TokenBucketLimiter;
 use crate::observe::{KeyLabels, Offenders, Stats};
 use ::prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
@@ -125,6 +135,23 @@ where
     }
 }
 
+/// A concurrency limiter that [`Metrics`] can expose: its permits in
+/// flight, keys, waiters and outcomes. No key is ever read from it.
+pub trait ObserveConcurrency: Send + Sync {
+    /// The limiter's gauges and counters.
+    fn stats(&self) -> ConcurrencyStats;
+}
+
+impl<K, S> ObserveConcurrency for ConcurrencyLimiter<K, S>
+where
+    K: Hash + Eq + Send + Sync,
+    S: BuildHasher + Clone + Send + Sync,
+{
+    fn stats(&self) -> ConcurrencyStats {
+        ConcurrencyLimiter::stats(self)
+    }
+}
+
 /// A reader of a layer's responses.
 type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
 
@@ -151,6 +178,7 @@ type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
 /// ```
 pub struct Metrics {
     limiters: Vec<(String, Arc<dyn Observe>)>,
+    concurrency: Vec<(String, Arc<dyn ObserveConcurrency>)>,
     layers: Vec<(String, ResponsesFn)>,
     top: usize,
     labels: KeyLabels,
@@ -159,9 +187,11 @@ pub struct Metrics {
 impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limiters: Vec<_> = self.limiters.iter().map(|(name, _)| name).collect();
+        let concurrency: Vec<_> = self.concurrency.iter().map(|(name, _)| name).collect();
         let layers: Vec<_> = self.layers.iter().map(|(name, _)| name).collect();
         f.debug_struct("Metrics")
             .field("limiters", &limiters)
+            .field("concurrency", &concurrency)
             .field("layers", &layers)
             .field("top", &self.top)
             .field("labels", &self.labels)
@@ -181,6 +211,7 @@ impl Metrics {
     pub fn new() -> Self {
         Metrics {
             limiters: Vec::new(),
+            concurrency: Vec::new(),
             layers: Vec::new(),
             top: DEFAULT_TOP_OFFENDERS,
             labels: KeyLabels::default(),
@@ -246,6 +277,35 @@ impl Metrics {
         self
     }
 
+    /// Exposes a concurrency limiter under `limiter="name"`: its permits
+    /// in flight, keys and waiters (gauges), its permits given and its
+    /// refusals by reason (counters). No series names a key.
+    ///
+    /// The scrape counts the permits in flight by visiting every key (see
+    /// [`ConcurrencyLimiter::stats`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::ConcurrencyLimiter;
+    /// use std::sync::Arc;
+    ///
+    /// let streams = Arc::new(ConcurrencyLimiter::new(1));
+    /// let metrics = Metrics::new().concurrency("streams", streams.clone());
+    /// let _held = streams.try_acquire("sk_live_1").unwrap();
+    /// assert!(streams.try_acquire("sk_live_1").is_err());
+    /// let text = metrics.render();
+    /// assert!(text.contains(r#"keyrate_concurrency_in_flight{limiter="streams"} 1"#));
+    /// assert!(text.contains(r#"keyrate_concurrency_refused_total{limiter="streams",reason="at_limit"} 1"#));
+    /// assert!(!text.contains("sk_live_1"));
+    /// ```
+    #[must_use]
+    pub fn concurrency(mut self, name: &str, limiter: Arc<dyn ObserveConcurrency>) -> Self {
+        self.concurrency.push((name.to_owned(), limiter));
+        self
+    }
+
     /// Exposes `layer`'s responses by status under `limiter="name"`.
     ///
     /// # Examples
@@ -263,11 +323,42 @@ impl Metrics {
     #[cfg(feature = "tower")]
     #[must_use]
     pub fn layer<L, F, K, C, P>(
-        mut self,
+        self,
         name: &str,
         layer: &crate::layer::RateLimitLayer<L, F, K, C, P>,
     ) -> Self {
-        let counts = layer.response_counts();
+        self.responses(name, layer.response_counts())
+    }
+
+    /// Exposes a [`ConcurrencyLimitLayer`](crate::layer::ConcurrencyLimitLayer)'s
+    /// responses by status under `limiter="name"`, as [`layer`](Self::layer)
+    /// does a rate layer's (its `413` is always 0).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::{bearer_token, ConcurrencyLimitLayer};
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::ConcurrencyLimiter;
+    /// use std::sync::Arc;
+    ///
+    /// let layer = ConcurrencyLimitLayer::new(Arc::new(ConcurrencyLimiter::new(2)), bearer_token);
+    /// let metrics = Metrics::new().concurrency_layer("streams", &layer);
+    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="streams",status="429"} 0"#));
+    /// ```
+    #[cfg(feature = "tower")]
+    #[must_use]
+    pub fn concurrency_layer<F, K, P, S>(
+        self,
+        name: &str,
+        layer: &crate::layer::ConcurrencyLimitLayer<F, K, P, S>,
+    ) -> Self {
+        self.responses(name, layer.response_counts())
+    }
+
+    /// Exposes a layer's response counts under `limiter="name"`.
+    #[cfg(feature = "tower")]
+    fn responses(mut self, name: &str, counts: crate::observe::ResponseCounts) -> Self {
         let read = move || {
             let r = counts.read();
             [
@@ -415,9 +506,73 @@ impl Metrics {
                 }
             }
         }
+        if !self.concurrency.is_empty() {
+            self.encode_concurrency(&registry)?;
+        }
         let mut text = String::new();
         TextEncoder::new().encode_utf8(&registry.gather(), &mut text)?;
         Ok(text)
+    }
+}
+
+/// # The concurrency limiters' series
+impl Metrics {
+    fn encode_concurrency(&self, registry: &Registry) -> Result<(), ::prometheus::Error> {
+        let limiter = &["limiter"];
+        let gauge = |name: &str, help: &str| {
+            let metric = IntGaugeVec::new(Opts::new(name, help), limiter)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, ::prometheus::Error>(metric)
+        };
+        let in_flight = gauge(
+            "keyrate_concurrency_in_flight",
+            "Concurrency permits held now, over every key.",
+        )?;
+        let keys = gauge(
+            "keyrate_concurrency_keys",
+            "Keys a concurrency limiter tracks now.",
+        )?;
+        let waiting = gauge(
+            "keyrate_concurrency_waiting",
+            "Callers waiting for a concurrency permit now.",
+        )?;
+        let acquired = IntCounterVec::new(
+            Opts::new(
+                "keyrate_concurrency_acquired_total",
+                "Concurrency permits given.",
+            ),
+            limiter,
+        )?;
+        registry.register(Box::new(acquired.clone()))?;
+        let refused = IntCounterVec::new(
+            Opts::new(
+                "keyrate_concurrency_refused_total",
+                "Concurrency permits refused, by reason.",
+            ),
+            &["limiter", "reason"],
+        )?;
+        registry.register(Box::new(refused.clone()))?;
+        for (name, source) in &self.concurrency {
+            let stats = source.stats();
+            let l = &[name.as_str()];
+            in_flight
+                .with_label_values(l)
+                .set(saturate(stats.in_flight));
+            keys.with_label_values(l).set(saturate(stats.keys));
+            waiting.with_label_values(l).set(saturate(stats.waiting));
+            acquired.with_label_values(l).inc_by(stats.acquired);
+            for (reason, n) in [
+                ("at_limit", stats.refused_at_limit),
+                ("limiter_full", stats.refused_limiter_full),
+                ("timed_out", stats.timed_out),
+                ("rate_limited", stats.rate_limited),
+            ] {
+                refused
+                    .with_label_values(&[name.as_str(), reason])
+                    .inc_by(n);
+            }
+        }
+        Ok(())
     }
 }
 

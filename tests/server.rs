@@ -35,7 +35,11 @@ const LIMITS: Limits = Limits {
     max_queue: Duration::ZERO, // deny at once: the clock only moves when told
     max_strikes: 3,
     max_buckets: 1000,
+    max_streams: 2, // a free key's streams at once; pro: 20
 };
+
+/// The series of the streams the server holds open.
+const STREAMS_IN_FLIGHT: &str = r#"keyrate_concurrency_in_flight{limiter="streams"}"#;
 
 /// The admin token the test server is configured with.
 const ADMIN_TOKEN: &str = "test-admin-token-7d1f0c2a";
@@ -64,6 +68,13 @@ impl Server {
     /// `promtool check metrics` when it is installed (CI installs it, and
     /// sets `CI`, which makes it required).
     async fn scrape(&self) -> String {
+        let text = self.metrics().await;
+        promtool_check(&text);
+        text
+    }
+
+    /// `GET /metrics`, its content type checked, not linted.
+    async fn metrics(&self) -> String {
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let url = format!("http://{}/metrics", self.addr);
         let response = client.get(url.parse().unwrap()).await.unwrap();
@@ -73,9 +84,21 @@ impl Server {
             keyrate::prometheus::CONTENT_TYPE
         );
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        let text = String::from_utf8(body.to_vec()).unwrap();
-        promtool_check(&text);
-        text
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    /// Polls `/metrics` until the server holds `n` streams (it gives a
+    /// permit back when it sees the socket close): true once it does,
+    /// false if it still does not after a bounded number of tries.
+    async fn streams_in_flight(&self, n: u64) -> bool {
+        for _ in 0..500 {
+            let text = self.metrics().await;
+            if sample(&text, STREAMS_IN_FLIGHT) == Some(n as f64) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
     }
 
     async fn connect(&self, key: &str) -> Result<(Socket, Response<Option<Vec<u8>>>), WsError> {
@@ -447,7 +470,9 @@ async fn http_requests_get_401_429_with_headers_and_recover() {
 }
 
 /// Upgrade requests in a row for `key` until one is refused; how many were
-/// admitted (each spends one connection token). The sockets are closed.
+/// admitted (each spends one connection token). The sockets are closed,
+/// each before the next is opened (no other stream may be open: it waits
+/// until the server holds none, so the streams limit never refuses).
 async fn connections_admitted(server: &Server, key: &str) -> u64 {
     let mut admitted = 0;
     loop {
@@ -455,9 +480,11 @@ async fn connections_admitted(server: &Server, key: &str) -> u64 {
             Ok((mut socket, _)) => {
                 admitted += 1;
                 let _ = socket.close(None).await;
+                assert!(server.streams_in_flight(0).await, "a stream stays open");
             }
             Err(WsError::Http(response)) => {
                 assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+                assert!(response.headers().get("ratelimit").is_some());
                 return admitted;
             }
             Err(err) => panic!("unexpected {err}"),
@@ -660,5 +687,89 @@ async fn at_the_bucket_cap_new_keys_get_503_with_retry_after() {
     // The keys that hold buckets are unaffected.
     let (mut socket, _) = server.connect("first").await.unwrap();
     let reply = frame(send(&mut socket, json!({"type": "open", "context_id": "c"})).await);
+    assert_eq!(reply["type"], "context_opened", "{reply}");
+}
+
+/// How a refused upgrade answered.
+fn refusal(refused: WsError) -> Response<Option<Vec<u8>>> {
+    match refused {
+        WsError::Http(response) => *response,
+        other => panic!("expected an HTTP refusal, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_free_keys_third_stream_is_refused_until_one_closes() {
+    let server = start().await;
+    let (mut first, _) = server.connect("sk_free_s").await.unwrap();
+    let (_second, _) = server.connect("sk_free_s").await.unwrap();
+
+    // The third is refused by the streams limit, spending no connection
+    // token: no rate-limit fields, the limit in X-Concurrency-Limit.
+    let refused = refusal(server.connect("sk_free_s").await.unwrap_err());
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "x-concurrency-limit"), "2");
+    assert_eq!(header(&refused, "x-concurrency-held"), "2");
+    assert!(refused.headers().get("ratelimit").is_none());
+    assert!(refused.headers().get("retry-after").is_none());
+
+    // A pro key has 20: a third stream of its own is admitted.
+    let pro: Vec<_> = futures_util::future::join_all((0..3).map(|_| server.connect("sk_pro_s")))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(server.streams_in_flight(5).await);
+
+    // Closing one (a close frame) lets the next in, once the server has
+    // seen the close.
+    first.close(None).await.unwrap();
+    assert!(server.streams_in_flight(4).await);
+    let (mut next, _) = server.connect("sk_free_s").await.unwrap();
+    let reply = frame(send(&mut next, json!({"type": "open", "context_id": "c"})).await);
+    assert_eq!(reply["type"], "context_opened", "{reply}");
+
+    // The scrape: the streams in flight, the refusal, and no key.
+    let text = server.scrape().await;
+    assert_eq!(sample(&text, STREAMS_IN_FLIGHT), Some(5.0), "{text}");
+    let refused = r#"keyrate_concurrency_refused_total{limiter="streams",reason="at_limit"}"#;
+    assert_eq!(sample(&text, refused), Some(1.0), "{text}");
+    let status = r#"keyrate_http_responses_total{limiter="streams",status="429"}"#;
+    assert_eq!(sample(&text, status), Some(1.0), "{text}");
+    assert!(!text.contains("sk_free_s") && !text.contains("sk_pro_s"));
+    // The refused upgrade never reached the connections budget: six
+    // upgrades spent a token (two free, three pro, the next), none was
+    // refused for it.
+    let connections = |status: &str| {
+        let series =
+            format!(r#"keyrate_http_responses_total{{limiter="connections",status="{status}"}}"#);
+        sample(&text, &series)
+    };
+    assert_eq!(
+        (connections("200"), connections("429")),
+        (Some(6.0), Some(0.0))
+    );
+    drop(pro);
+}
+
+#[tokio::test]
+async fn a_client_killed_abruptly_gets_its_permit_back() {
+    let server = start().await;
+    let (killed, _) = server.connect("sk_free_k").await.unwrap();
+    let (_kept, _) = server.connect("sk_free_k").await.unwrap();
+    let refused = refusal(server.connect("sk_free_k").await.unwrap_err());
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // The client dies: its TCP stream goes, with no close frame.
+    let tcp = match killed.into_inner() {
+        MaybeTlsStream::Plain(tcp) => tcp,
+        _ => unreachable!("ws:// is plain TCP"),
+    };
+    drop(tcp);
+
+    // The server sees the socket end and gives the stream's permit back.
+    assert!(server.streams_in_flight(1).await);
+    let (mut next, _) = server.connect("sk_free_k").await.unwrap();
+    let reply = frame(send(&mut next, json!({"type": "open", "context_id": "c"})).await);
     assert_eq!(reply["type"], "context_opened", "{reply}");
 }

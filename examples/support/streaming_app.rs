@@ -12,6 +12,15 @@
 //!   WebSocket (`speak` messages) and over plain HTTP (`POST /v1/tts`, where
 //!   the layer's cost function charges the body's length).
 //!
+//! And a concurrency limit, a [`ConcurrencyLimiter`]: **streams**, the
+//! WebSockets a key holds open at once (free 2, pro 20). The
+//! [`ConcurrencyLimitLayer`] on the upgrade route takes a permit before
+//! the connections budget is spent (a refused stream costs no token;
+//! `429` with `X-Concurrency-Limit`), and the WebSocket handler takes the
+//! permit from the request ([`HeldPermit`]) into the stream's task, which
+//! holds it until the socket closes: by a close frame, or by the client
+//! vanishing (the server sees the TCP connection end).
+//!
 //! The WebSocket protocol is JSON text frames. Client to server:
 //!
 //! ```text
@@ -31,10 +40,12 @@
 //! **Plans.** Keys starting `sk_pro_` are on the `pro` plan, every other
 //! key on `free`; each plan has its own quotas for both budgets, applied
 //! per request (`RateLimitLayer::with_quota`) and per message
-//! (`BucketHandle::under`). `PUT /admin/plans/{free,pro}` changes a plan
-//! live, body
-//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}`
-//! (each within [`PLAN_BOUNDS`]; another plan name is refused with 404);
+//! (`BucketHandle::under`), and its own streams limit
+//! (`ConcurrencyLimitLayer::with_max`). `PUT /admin/plans/{free,pro}`
+//! changes a plan live, body
+//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000,"max_streams":2}`
+//! (each within [`PLAN_BOUNDS`]; `max_streams` optional; another plan
+//! name is refused with 404; a lowered `max_streams` closes no stream);
 //! keys that already have buckets keep their time until full, turned into
 //! tokens by the new quota. `GET /admin/plans` lists them.
 //!
@@ -43,10 +54,12 @@
 //! `KEYRATE_ADMIN_TOKEN` or `--admin-token`), and every one of them needs
 //! it in `X-Admin-Token`, compared in constant time before the request's
 //! body is read (bodies above 4 KiB are refused). `/metrics` names top
-//! offenders by their key's fingerprint, never the key. Key headers above
+//! offenders by their key's fingerprint, never the key (and the streams
+//! limiter's series name no key at all). Key headers above
 //! 256 bytes get 431, and each limiter holds at most
-//! [`Limits::max_buckets`] buckets (a handle's too): a WebSocket upgrade
-//! refused at the cap gets 503 with `Retry-After`.
+//! [`Limits::max_buckets`] buckets (a handle's too; the streams limiter as
+//! many keys): a WebSocket upgrade refused at the cap gets 503 with
+//! `Retry-After`.
 //!
 //! A request denied while the client should still be waiting (before the
 //! retry-after of an earlier denial) is a strike; an admitted request clears
@@ -67,11 +80,13 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use keyrate::layer::{api_key_header, bearer_token, Limited, RateLimitLayer};
+use keyrate::layer::{
+    api_key_header, bearer_token, ConcurrencyLimitLayer, HeldPermit, Limited, RateLimitLayer,
+};
 use keyrate::prometheus::{Metrics, CONTENT_TYPE};
 use keyrate::{
-    AsyncLimiter, BucketHandle, Clock, ConfigError, Decision, Denial, Limiter, Now, Quota,
-    TokenBucketLimiter,
+    AsyncLimiter, BucketHandle, Clock, ConcurrencyLimiter, ConfigError, Decision, Denial, Limiter,
+    Now, Permit, Quota, TokenBucketLimiter,
 };
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashSet};
@@ -101,9 +116,12 @@ pub struct Limits {
     pub max_queue: Duration,
     /// Denials ignored in a row before the connection is closed.
     pub max_strikes: u32,
-    /// Buckets each limiter holds at most (handles included): the memory
-    /// bound under a flood of new keys.
+    /// Buckets each limiter holds at most (handles included), and keys
+    /// the streams limiter tracks at most: the memory bound under a flood
+    /// of new keys.
     pub max_buckets: usize,
+    /// WebSocket streams a key holds open at once (at least 1).
+    pub max_streams: u32,
 }
 
 impl Default for Limits {
@@ -116,6 +134,7 @@ impl Default for Limits {
             max_queue: Duration::from_millis(50),
             max_strikes: 5,
             max_buckets: 100_000,
+            max_streams: 2,
         }
     }
 }
@@ -130,6 +149,7 @@ pub const PLAN_BOUNDS: Limits = Limits {
     max_queue: Duration::ZERO,
     max_strikes: 0,
     max_buckets: 0,
+    max_streams: 1_000,
 };
 
 /// The largest admin request body read.
@@ -140,6 +160,8 @@ const ADMIN_BODY_LIMIT: usize = 4 * 1024;
 pub struct Plan {
     pub connections: Quota,
     pub synthesis: Quota,
+    /// WebSocket streams open at once (0: none).
+    pub streams: u32,
 }
 
 impl Plan {
@@ -149,12 +171,17 @@ impl Plan {
         let within = limits.connect_rate <= bounds.connect_rate
             && limits.connect_burst <= bounds.connect_burst
             && limits.synth_rate <= bounds.synth_rate
-            && limits.synth_burst <= bounds.synth_burst;
+            && limits.synth_burst <= bounds.synth_burst
+            && limits.max_streams <= bounds.max_streams;
         if !within {
             return Err(format!(
                 "quotas are bounded: connect_rate <= {}, connect_burst <= {}, \
-                 synth_rate <= {}, synth_burst <= {}",
-                bounds.connect_rate, bounds.connect_burst, bounds.synth_rate, bounds.synth_burst
+                 synth_rate <= {}, synth_burst <= {}, max_streams <= {}",
+                bounds.connect_rate,
+                bounds.connect_burst,
+                bounds.synth_rate,
+                bounds.synth_burst,
+                bounds.max_streams
             ));
         }
         Plan::from_limits(limits).map_err(|err| err.to_string())
@@ -165,6 +192,7 @@ impl Plan {
         Ok(Plan {
             connections: Quota::new(limits.connect_rate, limits.connect_burst)?,
             synthesis: Quota::new(limits.synth_rate, limits.synth_burst)?,
+            streams: limits.max_streams,
         })
     }
 
@@ -172,6 +200,7 @@ impl Plan {
         json!({
             "connect_rate": self.connections.rate(), "connect_burst": self.connections.capacity(),
             "synth_rate": self.synthesis.rate(), "synth_burst": self.synthesis.capacity(),
+            "max_streams": self.streams,
         })
     }
 }
@@ -182,7 +211,7 @@ pub struct Plans(RwLock<BTreeMap<String, Plan>>);
 
 impl Plans {
     /// `free` from `limits`, and `pro` with five times the bursts and ten
-    /// times the rates.
+    /// times the rates and streams.
     fn new(limits: &Limits) -> Self {
         let free = Plan::from_limits(limits).expect("valid limits");
         let pro = Plan::from_limits(&Limits {
@@ -190,6 +219,7 @@ impl Plans {
             connect_burst: limits.connect_burst * 5,
             synth_rate: limits.synth_rate * 10.0,
             synth_burst: limits.synth_burst * 5,
+            max_streams: limits.max_streams * 10,
             ..*limits
         })
         .expect("valid limits");
@@ -229,12 +259,16 @@ impl Plans {
     }
 }
 
-/// The app's state: both budgets' limiters, shared by every connection.
+/// The app's state: both budgets' limiters and the streams limiter,
+/// shared by every connection.
 #[derive(Debug, Clone)]
 pub struct App {
     pub limits: Limits,
     pub connections: Arc<TokenBucketLimiter>,
     pub synthesis: Arc<TokenBucketLimiter>,
+    /// The WebSockets each key holds open (the free plan's limit by
+    /// default; each plan's per request).
+    pub streams: Arc<ConcurrencyLimiter>,
     pub plans: Arc<Plans>,
     /// The token every admin route needs in `X-Admin-Token`; `None`: the
     /// admin routes are off.
@@ -244,8 +278,12 @@ pub struct App {
 }
 
 impl App {
-    /// Makes both limiters, reading time from `clock` (clones of a clock
+    /// Makes the limiters, reading time from `clock` (clones of a clock
     /// share its time).
+    ///
+    /// # Panics
+    ///
+    /// If `limits.max_streams` is 0.
     pub fn new(limits: Limits, clock: impl Clock + Clone + 'static) -> Self {
         App {
             plans: Arc::new(Plans::new(&limits)),
@@ -262,6 +300,9 @@ impl App {
                     .with_top_offenders(true)
                     .with_max_buckets(limits.max_buckets)
                     .with_clock(clock.clone()),
+            ),
+            streams: Arc::new(
+                ConcurrencyLimiter::new(limits.max_streams).with_max_keys(limits.max_buckets),
             ),
             clock: Arc::new(clock),
         }
@@ -283,7 +324,8 @@ impl App {
 
     /// The routes: `GET /v1/stream` (WebSocket), `POST /v1/tts` (HTTP),
     /// `GET /metrics` (Prometheus text: both budgets' counters and top
-    /// offenders by fingerprint, and both layers' responses by status),
+    /// offenders by fingerprint, the streams in flight, keys and
+    /// refusals, and the three layers' responses by status),
     /// and, with an admin token, `GET /admin/plans` and
     /// `PUT /admin/plans/{name}`.
     pub fn router(&self) -> Router {
@@ -300,14 +342,22 @@ impl App {
             .with_quota(move |parts: &Parts| {
                 Some(plans.get(Plans::name_for(&api_key(parts)?)).synthesis)
             });
+        let plans = Arc::clone(&self.plans);
+        let streams_layer = ConcurrencyLimitLayer::new(Arc::clone(&self.streams), api_key)
+            .with_max(move |parts: &Parts| {
+                Some(plans.get(Plans::name_for(&api_key(parts)?)).streams)
+            });
         // Offenders are labelled by their key's fingerprint (the default
-        // `KeyLabels`): the scrape never shows an API key.
+        // `KeyLabels`): the scrape never shows an API key. The streams
+        // limiter has no per-key series.
         let metrics = Arc::new(
             Metrics::new()
                 .limiter("connections", self.connections.clone())
                 .limiter("synthesis", self.synthesis.clone())
+                .concurrency("streams", self.streams.clone())
                 .layer("connections", &connect_layer)
-                .layer("synthesis", &tts_layer),
+                .layer("synthesis", &tts_layer)
+                .concurrency_layer("streams", &streams_layer),
         );
         let scrape = get(move || async move {
             (
@@ -316,7 +366,14 @@ impl App {
             )
         });
         let mut router = Router::new()
-            .route("/v1/stream", get(stream).route_layer(connect_layer))
+            // The streams limit first (the outer layer): a stream refused
+            // for it spends no connection token.
+            .route(
+                "/v1/stream",
+                get(stream)
+                    .route_layer(connect_layer)
+                    .route_layer(streams_layer),
+            )
             .route("/v1/tts", post(tts).route_layer(tts_layer))
             .route("/metrics", scrape);
         if let Some(token) = &self.admin_token {
@@ -414,13 +471,26 @@ async fn set_plan(
     Path(name): Path<String>,
     Json(body): Json<Value>,
 ) -> Response {
-    let (Some(connect_rate), Some(connect_burst), Some(synth_rate), Some(synth_burst)) = (
+    let streams = match &body["max_streams"] {
+        Value::Null => Some(app.plans.get(&name).streams),
+        given => given.as_u64().and_then(|n| u32::try_from(n).ok()),
+    };
+    let (
+        Some(connect_rate),
+        Some(connect_burst),
+        Some(synth_rate),
+        Some(synth_burst),
+        Some(max_streams),
+    ) = (
         body["connect_rate"].as_f64(),
         body["connect_burst"].as_u64(),
         body["synth_rate"].as_f64(),
         body["synth_burst"].as_u64(),
-    ) else {
-        let message = "expected connect_rate, connect_burst, synth_rate, synth_burst";
+        streams,
+    )
+    else {
+        let message =
+            "expected connect_rate, connect_burst, synth_rate, synth_burst (and max_streams)";
         return (StatusCode::BAD_REQUEST, Json(error("bad_request", message))).into_response();
     };
     let limits = Limits {
@@ -428,6 +498,7 @@ async fn set_plan(
         connect_burst,
         synth_rate,
         synth_burst,
+        max_streams,
         ..app.limits
     };
     let plan = match Plan::bounded(&limits) {
@@ -459,14 +530,21 @@ async fn tts(parts: Parts, body: String) -> Response {
     Json(json!({ "characters": body.chars().count() })).into_response()
 }
 
-/// `GET /v1/stream`: the layer has admitted the connection; resolve the
-/// key's buckets once (refused with 503 and `Retry-After` when a limiter
-/// holds its maximum of buckets), then serve the socket.
+/// `GET /v1/stream`: the layers have admitted the connection; take its
+/// streams permit for the socket's life, resolve the key's buckets once
+/// (refused with 503 and `Retry-After` when a limiter holds its maximum
+/// of buckets), then serve the socket.
 async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> Response {
     // The layer admitted the request under this key (bounded in size).
     let Some(Limited { key, .. }) = parts.extensions.get::<Limited>() else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
+    // Taken from the request, the permit is no longer given back with the
+    // upgrade response (which ends at once): the session holds it.
+    let permit = parts
+        .extensions
+        .get::<HeldPermit>()
+        .and_then(HeldPermit::take);
     let handles = app
         .connections
         .try_bucket(key.as_str())
@@ -487,6 +565,7 @@ async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> R
         }
     };
     let session = Session {
+        permit,
         connections,
         synthesis,
         plan: Plans::name_for(key),
@@ -498,9 +577,13 @@ async fn stream(State(app): State<App>, parts: Parts, ws: WebSocketUpgrade) -> R
     ws.on_upgrade(move |socket| session.run(socket))
 }
 
-/// One connection: its key's buckets, held for the connection's life.
+/// One connection: its key's streams permit and buckets, held for the
+/// connection's life.
 struct Session {
     app: App,
+    /// One of the key's streams, given back when the session ends (the
+    /// socket closed, cleanly or not, or its upgrade failed).
+    permit: Option<Permit>,
     /// Spent with no map lookup on every message.
     connections: BucketHandle,
     synthesis: BucketHandle,
@@ -546,6 +629,9 @@ impl Session {
                 break;
             }
         }
+        // The stream is over: its permit goes back before the socket is
+        // dropped, so a client that sees the connection end can count on it.
+        drop(self.permit.take());
     }
 
     async fn handle(&mut self, text: &str) -> Next {

@@ -1,11 +1,15 @@
 //! The HTTP side of a decision: the rate-limit header fields of
-//! draft-ietf-httpapi-ratelimit-headers, and the response to a refusal.
+//! draft-ietf-httpapi-ratelimit-headers, the concurrency limit's, and the
+//! response to a refusal.
 
+use crate::concurrency::ConcurrencyDenial;
 use crate::decision::{Decision, Refusal};
 use crate::error::Denial;
 use crate::gcra::Quota;
 use crate::observe::Status;
-use http::header::{HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE,
+};
 use http::{Response, StatusCode};
 use std::time::Duration;
 
@@ -13,6 +17,13 @@ use std::time::Duration;
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The `RateLimit` header name (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The `X-Concurrency-Limit` header name: on a `429` of the concurrency
+/// layer, the permits the key may hold at once.
+pub const X_CONCURRENCY_LIMIT: HeaderName = HeaderName::from_static("x-concurrency-limit");
+/// The `X-Concurrency-Held` header name: on a `429` of the concurrency
+/// layer, the permits the key held when refused.
+pub const X_CONCURRENCY_HELD: HeaderName = HeaderName::from_static("x-concurrency-held");
 
 /// The `Retry-After` of a `503` for a limiter at its bucket cap
 /// ([`Denial::LimiterFull`]): one second. Room comes back as the automatic
@@ -84,11 +95,7 @@ impl Fields {
             }
             // The limiter holds its maximum of buckets: the server's
             // condition, which the sweep lifts.
-            Some(Denial::LimiterFull { .. }) => {
-                let secs = ceil_secs(LIMITER_FULL_RETRY_AFTER);
-                headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-                (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable)
-            }
+            Some(Denial::LimiterFull { .. }) => limiter_full(headers),
             // Its clock out of range, or its backend down under a
             // fail-closed policy: the server's condition, not the client's
             // doing, with no known end.
@@ -98,6 +105,47 @@ impl Fields {
         *response.status_mut() = status;
         (response, counted)
     }
+}
+
+/// A limiter at its cap of keys (either limiter's `LimiterFull`): the
+/// server's condition, which its sweep lifts: `503` with `Retry-After` of
+/// [`LIMITER_FULL_RETRY_AFTER`].
+fn limiter_full(headers: &mut HeaderMap) -> (StatusCode, Status) {
+    let secs = ceil_secs(LIMITER_FULL_RETRY_AFTER);
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable)
+}
+
+/// The response to a request the concurrency limiter refused, its body
+/// the reason (from `text`, which makes a body of it), and the status it
+/// is counted under: `429` with [`X_CONCURRENCY_LIMIT`] and
+/// [`X_CONCURRENCY_HELD`] for a key at its limit (at once or after the
+/// wait), with no `Retry-After` (no time is known to help: a permit comes
+/// back when a request ends); `503` with `Retry-After` at the cap of keys.
+pub(super) fn concurrency_refused<B: Default>(
+    denial: &ConcurrencyDenial,
+    text: impl FnOnce(String) -> B,
+) -> (Response<B>, Status) {
+    let mut response = Response::new(text(format!("{denial}\n")));
+    let headers = response.headers_mut();
+    let (status, counted) = match *denial {
+        ConcurrencyDenial::AtLimit { held, max }
+        | ConcurrencyDenial::TimedOut { held, max, .. } => {
+            headers.insert(X_CONCURRENCY_LIMIT, HeaderValue::from(max));
+            headers.insert(X_CONCURRENCY_HELD, HeaderValue::from(held));
+            (StatusCode::TOO_MANY_REQUESTS, Status::TooManyRequests)
+        }
+        ConcurrencyDenial::LimiterFull { .. } => limiter_full(headers),
+        // Not asked for by the layer (it spends no tokens); the server's
+        // condition if it ever were.
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
+    };
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    *response.status_mut() = status;
+    (response, counted)
 }
 
 /// The response to a request without a key.

@@ -1,10 +1,12 @@
 //! Key extraction: the ready-made key functions, and what the layer hands
 //! the inner service about the key it admitted.
 
+use super::headers;
 use crate::gcra::Quota;
-use crate::observe::Shown;
+use crate::observe::{ResponseCounts, Shown, Status};
 use http::header::HeaderName;
 use http::request::Parts;
+use http::Response;
 use std::fmt;
 use std::hash::Hash;
 
@@ -58,7 +60,7 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 256;
 /// `Authorization` (what follows its scheme) or the value of `X-API-Key`,
 /// the fields that [`bearer_token`] and [`api_key_header`] read, measured
 /// without copying them.
-pub(super) fn oversized(parts: &Parts, max: usize) -> bool {
+fn oversized(parts: &Parts, max: usize) -> bool {
     let token = |value: &[u8]| {
         let value = value.trim_ascii();
         match value.iter().position(|&b| b == b' ') {
@@ -70,6 +72,25 @@ pub(super) fn oversized(parts: &Parts, max: usize) -> bool {
     let api_key = parts.headers.get(X_API_KEY);
     authorization.is_some_and(|v| token(v.as_bytes()) > max)
         || api_key.is_some_and(|v| v.as_bytes().trim_ascii().len() > max)
+}
+
+/// The request's key by `key`, or the response that refuses it, counted:
+/// 431 for a key header above `max_key_len` bytes (before `key` runs),
+/// 401 when `key` finds none. Both layers start here.
+pub(super) fn extract<K, B: Default>(
+    parts: &Parts,
+    max_key_len: usize,
+    key: impl Fn(&Parts) -> Option<K>,
+    responses: &ResponseCounts,
+) -> Result<K, Response<B>> {
+    if oversized(parts, max_key_len) {
+        responses.count(Status::KeyTooLarge);
+        return Err(headers::key_too_large());
+    }
+    key(parts).ok_or_else(|| {
+        responses.count(Status::Unauthorized);
+        headers::unauthorized()
+    })
 }
 
 /// Reads the key from `Authorization: Bearer <token>`.

@@ -33,13 +33,26 @@
 //! admission that a fail-open backend could not measure carries no
 //! `RateLimit` field.
 //!
-//! Files: `mod.rs` (the tower plumbing), `headers.rs` (the HTTP policy:
-//! header fields and refusals), `keys.rs` (key extraction).
+//! [`ConcurrencyLimitLayer`] limits, with the same key functions, how many
+//! requests of a key are in flight at once, each holding a permit of a
+//! [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) until its response
+//! body has been sent (see `docs/concurrency.md`).
+//!
+//! Files: `mod.rs` (the rate layer's tower plumbing), `headers.rs` (the
+//! HTTP policy: header fields and refusals), `keys.rs` (key extraction),
+//! `concurrency.rs` (the concurrency layer), `held.rs` (its permit in the
+//! request and in the response body).
 
+mod concurrency;
 mod headers;
+mod held;
 mod keys;
 
-pub use self::headers::{LIMITER_FULL_RETRY_AFTER, RATELIMIT, RATELIMIT_POLICY};
+pub use self::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService, DefaultMax};
+pub use self::headers::{
+    LIMITER_FULL_RETRY_AFTER, RATELIMIT, RATELIMIT_POLICY, X_CONCURRENCY_HELD, X_CONCURRENCY_LIMIT,
+};
+pub use self::held::{HeldPermit, PermitBody};
 pub use self::keys::{api_key_header, bearer_token, Limited, DEFAULT_MAX_KEY_LEN, X_API_KEY};
 
 use self::headers::Fields;
@@ -178,12 +191,8 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
         self,
         change: impl FnOnce(Shared<L, F, C, P>) -> Shared<L, F, C2, P2>,
     ) -> RateLimitLayer<L, F, K, C2, P2> {
-        let shared = match Arc::try_unwrap(self.shared) {
-            Ok(shared) => shared,
-            Err(_) => panic!("a RateLimitLayer is configured before it is cloned"),
-        };
         RateLimitLayer {
-            shared: Arc::new(change(shared)),
+            shared: Arc::new(change(unshared(self.shared, "RateLimitLayer"))),
             responses: self.responses,
             key: PhantomData,
         }
@@ -431,7 +440,8 @@ impl<Svc: fmt::Debug, L: fmt::Debug, F, K, C, P> fmt::Debug
 
 /// The future of a [`RateLimitService`] call: the decision (awaited on
 /// backends that await), then the inner service's response with the
-/// rate-limit headers, or the refusal.
+/// rate-limit headers, or the refusal; and of a
+/// [`ConcurrencyLimitService`] call.
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
 impl<Svc, L, F, K, C, P, ReqBody, ResBody> Service<Request<ReqBody>>
@@ -463,14 +473,11 @@ where
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            if keys::oversized(&parts, shared.max_key_len) {
-                shared.responses.count(Status::KeyTooLarge);
-                return Ok(headers::key_too_large());
-            }
-            let Some(key) = (shared.key)(&parts) else {
-                shared.responses.count(Status::Unauthorized);
-                return Ok(headers::unauthorized());
-            };
+            let key =
+                match keys::extract(&parts, shared.max_key_len, &shared.key, &shared.responses) {
+                    Ok(key) => key,
+                    Err(refused) => return Ok(refused),
+                };
             let cost = (shared.cost)(&parts);
             let quota = (shared.quota)(&parts).unwrap_or_else(|| shared.limiter.quota());
             let decided = shared
@@ -495,5 +502,14 @@ where
                 }
             }
         })
+    }
+}
+
+/// A layer's configuration, taken back to be changed: it must not be
+/// shared yet (a layer is configured before it is cloned or used).
+fn unshared<T>(shared: Arc<T>, layer: &str) -> T {
+    match Arc::try_unwrap(shared) {
+        Ok(shared) => shared,
+        Err(_) => panic!("a {layer} is configured before it is cloned"),
     }
 }
