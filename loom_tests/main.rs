@@ -23,6 +23,7 @@
 //! | `cap.rs` | model 5: the bucket cap's reservations, racing |
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
+//! | `sweep_handoff.rs` | model 8: the automatic sweep handed between creations |
 #![cfg(loom)]
 
 mod support;
@@ -32,5 +33,6 @@ mod eviction;
 mod first_use;
 mod live_quota;
 mod same_instant;
+mod sweep_handoff;
 mod timestamps;
 mod unlocked_reads;

@@ -99,6 +99,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         }
     }
 
+    /// Under loom: the shard the automatic sweep's next step sweeps, and
+    /// the steps its pass has taken (see `loom_api::sweep_position`).
+    #[cfg(loom)]
+    pub(crate) fn sweep_position(&self) -> (usize, usize) {
+        self.occupancy.position_now()
+    }
+
     /// Releases memory the map no longer needs after a sweep.
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
@@ -295,7 +302,40 @@ impl Occupancy {
         // Acquire pairs with the Release in `stepped`: this step sees the
         // cursor and count the previous step left. A thread that loses the
         // race skips the step; the winner takes it for everyone.
+        #[cfg(loom)]
+        if let Some(taken) = self.flawed_take() {
+            return taken;
+        }
         !self.sweeping.swap(true, Ordering::Acquire)
+    }
+
+    /// Under loom, a broken twin's way to take the flag (see
+    /// `loom_api::Flaw`), or `None` for the real one.
+    #[cfg(loom)]
+    fn flawed_take(&self) -> Option<bool> {
+        use crate::loom_api::{flawed, Flaw};
+        if flawed(Flaw::SweepFlagRelaxed) {
+            return Some(!self.sweeping.swap(true, Ordering::Relaxed));
+        }
+        if flawed(Flaw::SweepFlagCheckThenSet) {
+            if self.sweeping.load(Ordering::Acquire) {
+                return Some(false);
+            }
+            self.sweeping.store(true, Ordering::Relaxed);
+            return Some(true);
+        }
+        None
+    }
+
+    /// The shard the next step sweeps, and the steps this pass has taken.
+    #[cfg(loom)]
+    fn position_now(&self) -> (usize, usize) {
+        // Relaxed: the caller (a model, after joining every thread that
+        // stepped) is ordered after the last step by the joins.
+        (
+            self.cursor.load(Ordering::Relaxed),
+            self.slices.load(Ordering::Relaxed),
+        )
     }
 
     /// Where this step sweeps (the caller holds `sweeping`), and the
@@ -371,6 +411,11 @@ impl Occupancy {
         }
         self.pressure.store(0, Ordering::Relaxed);
         // Release pairs with the Acquire in `step_due`.
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::SweepFlagRelaxed) {
+            self.sweeping.store(false, Ordering::Relaxed);
+            return;
+        }
         self.sweeping.store(false, Ordering::Release);
     }
 
