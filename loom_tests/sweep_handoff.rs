@@ -16,21 +16,13 @@
 //! and released `Relaxed` (the next holder may read the cursor and pass
 //! bookkeeping as they were before the previous step).
 
-use crate::support::model;
+use crate::support::{key_in, model};
 use keyrate::loom_api::{self, Flaw};
 use keyrate::TokenBucketLimiter;
 use loom::sync::Arc;
 
 /// Shards of the models' store.
 const SHARDS: usize = 2;
-
-/// The first key `{prefix}{i}` that lives in `shard`.
-fn key_in(prefix: &str, shard: usize) -> String {
-    (0..)
-        .map(|i| format!("{prefix}{i}"))
-        .find(|key| loom_api::shard_of(key.as_str(), SHARDS) == shard)
-        .expect("some key lands in every shard")
-}
 
 /// Two creations at 4 s, each finding a sweep step due, on a limiter
 /// (capacity 1, 1 token/s; under loom, every creation finds a step due)
@@ -41,8 +33,8 @@ fn key_in(prefix: &str, shard: usize) -> String {
 /// the f's (full at 3 s), spent since the previous pass began.
 fn two_creations_hand_the_sweep_over() {
     let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
-    let (x0, x1) = (key_in("x", 0), key_in("x", 1));
-    let (f0, f1) = (key_in("f", 0), key_in("f", 1));
+    let (x0, x1) = (key_in("x", 0, SHARDS), key_in("x", 1, SHARDS));
+    let (f0, f1) = (key_in("f", 0, SHARDS), key_in("f", 1, SHARDS));
     // Four steps: two passes, begun at 0 s and 2 s.
     for (key, at) in [(&x0, 0.0), (&x1, 0.0), (&f0, 2.0), (&f1, 2.0)] {
         assert!(limiter.allow(key.as_str(), at));

@@ -96,6 +96,19 @@ pub enum Flaw {
     /// next holder may read the cursor and pass bookkeeping as they were
     /// before the previous step.
     SweepFlagRelaxed,
+    /// A read of the live quota skips its `Acquire` fence: the second
+    /// version load may then miss a store whose words the read saw.
+    QuotaReadWithoutFence,
+    /// The map looks a new key up under one lock and inserts it under
+    /// another, without looking again: two first calls each install (and
+    /// spend from) their own bucket.
+    InsertWithoutRecheck,
+    /// A place under the bucket cap is reserved by a load, a comparison,
+    /// then an add, instead of one `fetch_add` whose result decides.
+    ReserveCheckThenAdd,
+    /// Eviction retires a moved bucket without asking whether a live
+    /// handle pins it.
+    EvictIgnoringHandles,
 }
 
 std::thread_local! {

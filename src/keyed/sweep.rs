@@ -93,6 +93,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // caches hold the bucket but not the pin: retiring it sends
             // their next call back to the map, exactly as a keyed call.
             MOVED => self.moved.remove_if(key, |moved| {
+                #[cfg(loom)]
+                if crate::loom_api::flawed(crate::loom_api::Flaw::EvictIgnoringHandles) {
+                    return moved.bucket.try_retire(at);
+                }
                 Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(at)
             }),
             _ => bucket.try_retire(at),
@@ -449,6 +453,14 @@ impl Occupancy {
     /// Reserves a place for a new bucket; false when the cap is reached.
     pub(super) fn reserve(&self) -> bool {
         if !self.capped() {
+            return true;
+        }
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::ReserveCheckThenAdd) {
+            if self.held.load(Ordering::Relaxed) >= self.max_buckets {
+                return false;
+            }
+            self.held.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         // Relaxed: the counter alone decides; the fetch_add makes concurrent

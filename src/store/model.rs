@@ -121,6 +121,16 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         use std::collections::hash_map::Entry;
+        if crate::loom_api::flawed(crate::loom_api::Flaw::InsertWithoutRecheck) {
+            // BROKEN: the lookup's lock is released before the insert.
+            if let Some(value) = self.shard(key).write().unwrap().get_mut(key) {
+                return Some(f(value));
+            }
+            let value = init()?;
+            let mut map = self.shard(key).write().unwrap();
+            map.insert(key.to_owned(), value);
+            return map.get_mut(key).map(f);
+        }
         let mut map = self.shard(key).write().unwrap();
         match map.entry(key.to_owned()) {
             Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
