@@ -24,11 +24,13 @@
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
 //! | `sweep_handoff.rs` | model 8: the automatic sweep handed between creations |
+//! | `counters.rs` | model 9: the counters' single-writer stripes and thread slots |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
+mod counters;
 mod eviction;
 mod first_use;
 mod live_quota;

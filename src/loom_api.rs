@@ -109,6 +109,11 @@ pub enum Flaw {
     /// Eviction retires a moved bucket without asking whether a live
     /// handle pins it.
     EvictIgnoringHandles,
+    /// A thread takes a new slot index by reading the next one under the
+    /// slots' lock and claiming it under another: two threads can get the
+    /// same index, and write one counter stripe each thinking it the only
+    /// writer.
+    SlotTakenInTwoLocks,
 }
 
 std::thread_local! {
