@@ -25,6 +25,7 @@
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
 //! | `sweep_handoff.rs` | model 8: the automatic sweep handed between creations |
 //! | `counters.rs` | model 9: the counters' single-writer stripes and thread slots |
+//! | `hot_keys.rs` | model 10: a hot-key cache's spend racing a sweep |
 #![cfg(loom)]
 
 mod support;
@@ -33,6 +34,7 @@ mod cap;
 mod counters;
 mod eviction;
 mod first_use;
+mod hot_keys;
 mod live_quota;
 mod same_instant;
 mod sweep_handoff;

@@ -65,7 +65,6 @@
 
 mod bucket;
 mod decision;
-#[cfg(not(loom))]
 mod dice;
 #[cfg(doctest)]
 mod docs;

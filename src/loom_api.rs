@@ -114,6 +114,10 @@ pub enum Flaw {
     /// same index, and write one counter stripe each thinking it the only
     /// writer.
     SlotTakenInTwoLocks,
+    /// A bucket is retired by a load, a fullness check and a blind store
+    /// of `RETIRED`, instead of a compare-and-swap: a spend that lands in
+    /// between (from a hot-key cache, which holds no lock) is swallowed.
+    RetireByBlindStore,
 }
 
 std::thread_local! {
