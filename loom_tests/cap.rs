@@ -9,7 +9,8 @@
 //! and that the count is exact afterwards: exactly `max_buckets - len()`
 //! new keys still fit.
 
-use crate::support::model;
+use crate::support::{key_in, model};
+use keyrate::loom_api::{self, Flaw};
 use keyrate::{Denial, TokenBucketLimiter};
 use loom::sync::Arc;
 
@@ -35,33 +36,52 @@ fn assert_exact_room(limiter: &TokenBucketLimiter, max_buckets: usize, now: f64)
     }
 }
 
-#[test]
+/// Two new keys, one in each of two shards (when the model's store has
+/// two), race for the last place under a cap of one bucket. Keys in one
+/// shard take turns on its lock, under which a place is reserved; in two
+/// shards, only the reservation's `fetch_add` keeps them apart.
 fn two_new_keys_race_for_the_last_place() {
-    model("5 cap: 2 threads, new keys a / b, max 1 bucket", || {
-        let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2).with_max_buckets(1));
-        let threads: Vec<_> = ["a", "b"]
-            .into_iter()
-            .map(|key| {
-                let limiter = Arc::clone(&limiter);
-                loom::thread::spawn(move || limiter.check(key, 0.0, 1))
-            })
-            .collect();
-        let answers: Vec<_> = threads
-            .into_iter()
-            .map(|thread| thread.join().expect("a caller panicked"))
-            .collect();
-        let admitted = answers.iter().filter(|answer| answer.is_ok()).count();
-        let full = answers
-            .iter()
-            .filter(|answer| **answer == Err(Denial::LimiterFull { max_buckets: 1 }))
-            .count();
-        assert_eq!(
-            (admitted, full),
-            (1, 1),
-            "one place, two new keys: {answers:?}"
+    let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2).with_max_buckets(1));
+    let threads: Vec<_> = [key_in("a", 0, 2), key_in("b", 1, 2)]
+        .into_iter()
+        .map(|key| {
+            let limiter = Arc::clone(&limiter);
+            loom::thread::spawn(move || limiter.check(key.as_str(), 0.0, 1))
+        })
+        .collect();
+    let answers: Vec<_> = threads
+        .into_iter()
+        .map(|thread| thread.join().expect("a caller panicked"))
+        .collect();
+    let admitted = answers.iter().filter(|answer| answer.is_ok()).count();
+    let full = answers
+        .iter()
+        .filter(|answer| **answer == Err(Denial::LimiterFull { max_buckets: 1 }))
+        .count();
+    assert_eq!(
+        (admitted, full),
+        (1, 1),
+        "one place, two new keys: {answers:?}"
+    );
+    assert_eq!(limiter.len(), 1);
+    assert_exact_room(&limiter, 1, 0.0);
+}
+
+#[test]
+fn two_new_keys_race_for_the_last_place_in_one_shard() {
+    model(
+        "5 cap: 2 threads, new keys a / b, max 1 bucket",
+        two_new_keys_race_for_the_last_place,
+    );
+}
+
+#[test]
+fn two_new_keys_in_two_shards_race_for_the_last_place() {
+    loom_api::with_shards(2, || {
+        model(
+            "5 cap: 2 threads, new keys in 2 shards, max 1 bucket",
+            two_new_keys_race_for_the_last_place,
         );
-        assert_eq!(limiter.len(), 1);
-        assert_exact_room(&limiter, 1, 0.0);
     });
 }
 
@@ -176,4 +196,20 @@ fn broken_check_then_add_exceeds_the_cap() {
             );
         },
     );
+}
+
+/// `two_new_keys_race_for_the_last_place` on the real limiter with its
+/// reservation broken (`Flaw::ReserveCheckThenAdd`): a load, a comparison
+/// with the cap, then an add.
+#[test]
+#[should_panic(expected = "one place, two new keys")]
+fn broken_real_reservation_exceeds_the_cap() {
+    loom_api::with_shards(2, || {
+        loom_api::with_flaw(Flaw::ReserveCheckThenAdd, || {
+            model(
+                "5 broken: real limiter, check-then-add reservation, 2 shards",
+                two_new_keys_race_for_the_last_place,
+            );
+        });
+    });
 }

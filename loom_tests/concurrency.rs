@@ -207,7 +207,7 @@ fn broken_remove_without_retiring_lets_two_in() {
         let waiter = {
             let (shard, holders) = (Arc::clone(&shard), Arc::clone(&holders));
             loom::thread::spawn(move || {
-                let slot = shard.read().unwrap().get("k").map(Arc::clone);
+                let slot = shard.read().unwrap().get("k").cloned();
                 if let Some(slot) = slot {
                     if take(&slot) {
                         held(&holders);

@@ -272,3 +272,15 @@ fn sweep_keyed_spend_and_handle_all_race() {
         },
     );
 }
+
+/// `sweep_races_a_live_handle` on the real limiter with eviction that does
+/// not ask whether a handle pins the bucket
+/// (`Flaw::EvictIgnoringHandles`): a sweep between the handle's making and
+/// its spend retires the bucket under the live handle.
+#[test]
+#[should_panic(expected = "both spends fit")]
+fn broken_eviction_ignoring_handles_loses_a_handle() {
+    keyrate::loom_api::with_flaw(keyrate::loom_api::Flaw::EvictIgnoringHandles, || {
+        sweep_races_a_live_handle();
+    });
+}

@@ -141,3 +141,21 @@ fn broken_check_then_insert_admits_twice() {
         assert_eq!(admitted, 1, "exactly capacity admitted");
     });
 }
+
+/// The real limiter, with its map's insert broken
+/// (`Flaw::InsertWithoutRecheck`): the lookup of a new key and its insert
+/// take the shard lock twice, so the second of two racing first calls
+/// overwrites the first one's bucket, spends from its own and admits past
+/// the capacity.
+#[test]
+#[should_panic(expected = "exactly capacity admitted")]
+fn broken_insert_without_recheck_admits_twice() {
+    keyrate::loom_api::with_flaw(keyrate::loom_api::Flaw::InsertWithoutRecheck, || {
+        model("3 broken: real limiter, insert without recheck", || {
+            let limiter = Arc::new(TokenBucketLimiter::new(1.0, 1));
+            let admitted = race_first_use(&limiter, &[1, 1]);
+            assert_eq!(limiter.len(), 1, "exactly one bucket for the key");
+            assert_eq!(admitted, 1, "exactly capacity admitted");
+        });
+    });
+}

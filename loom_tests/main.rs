@@ -24,15 +24,21 @@
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
 //! | `concurrency.rs` | model 8: concurrency permits: takes, releases, the idle sweep, a waiter's cancel |
+//! | `sweep_handoff.rs` | model 9: the automatic sweep handed between creations |
+//! | `counters.rs` | model 10: the counters' single-writer stripes and thread slots |
+//! | `hot_keys.rs` | model 11: a hot-key cache's spend racing a sweep |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
 mod concurrency;
+mod counters;
 mod eviction;
 mod first_use;
+mod hot_keys;
 mod live_quota;
 mod same_instant;
+mod sweep_handoff;
 mod timestamps;
 mod unlocked_reads;

@@ -40,6 +40,15 @@ where
     );
 }
 
+/// The first key `{prefix}{i}` that lives in `shard` of a map of
+/// `shards` shards (see `loom_api::with_shards`).
+pub fn key_in(prefix: &str, shard: usize, shards: usize) -> String {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .find(|key| loom_api::shard_of(key.as_str(), shards) == shard)
+        .expect("some key lands in every shard")
+}
+
 /// A quota that the tests construct from known-good values.
 pub fn quota(rate: f64, capacity: u64) -> Quota {
     Quota::new(rate, capacity).expect("a valid test quota")

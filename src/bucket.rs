@@ -167,6 +167,15 @@ impl Bucket {
         // Relaxed for the same reason as in `spend`: the compare-exchange
         // alone decides which of a racing spend and the retirement wins.
         let mut current = self.full_at.load(Ordering::Relaxed);
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::RetireByBlindStore) {
+            // BROKEN (a model's twin): check, then a blind store.
+            let full = gcra::is_full(Nanos::new(current), now);
+            if full {
+                self.full_at.store(RETIRED, Ordering::Relaxed);
+            }
+            return full;
+        }
         loop {
             // Marker words are never full: `is_full` needs `current <= now`,
             // and `now < 2^63`.

@@ -33,17 +33,13 @@
 //! of its set with the fewest recent hits; the cache is allocated on a
 //! thread's first keyed call and dropped when the thread exits.
 //!
-//! Under `cfg(loom)` the cache is compiled out (loom runs its threads on one
-//! OS thread, so `std` thread-locals would be shared between them); what it
-//! adds to the protocol is a handle's `Arc`, which the loom models check.
+//! Under `cfg(loom)` the caches are per model thread (loom's thread-locals),
+//! off unless a model turns them on, and a key is promoted on its second
+//! lookup, so that model 10 checks the share/retire protocol.
 
-#[cfg(not(loom))]
 pub(crate) use imp::HotKeys;
-#[cfg(loom)]
-pub(crate) use off::HotKeys;
 
 /// What a probe of the calling thread's cache found.
-#[cfg_attr(loom, allow(dead_code))] // loom's cache never hits
 pub(crate) enum Probe<R> {
     /// The key's bucket is cached here: the spend's outcome.
     Hit(R),
@@ -52,7 +48,6 @@ pub(crate) enum Probe<R> {
     Miss { promote: bool },
 }
 
-#[cfg(not(loom))]
 mod imp {
     use super::Probe;
     use crate::bucket::Bucket;
@@ -83,12 +78,20 @@ mod imp {
     /// Net votes that promote a key into the calling thread's cache: with
     /// one miss in [`VOTE_ONE_IN`] voting, a key hammered alone is cached
     /// after about 64 calls.
+    #[cfg(not(loom))]
     pub(crate) const PROMOTE_AFTER: u32 = 16;
+    /// Under loom, a key's second lookup promotes it.
+    #[cfg(loom)]
+    pub(crate) const PROMOTE_AFTER: u32 = 1;
 
     /// One miss in this many votes, picked at random: random traffic over
     /// many keys pays for a vote a quarter of the time. Random, not every
     /// fourth call: keys called in turn would alias with a fixed stride.
+    #[cfg(not(loom))]
     pub(crate) const VOTE_ONE_IN: u64 = 4;
+    /// Under loom, every miss votes.
+    #[cfg(loom)]
+    pub(crate) const VOTE_ONE_IN: u64 = 1;
 
     /// The most hits an entry counts: halved when a promotion lands in its
     /// set, so an entry that stopped being called loses its way to the next
@@ -98,11 +101,17 @@ mod imp {
     /// Gives every limiter its own identity in the caches; never reused.
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-    thread_local! {
+    #[cfg(not(loom))]
+    std::thread_local! {
         /// Allocated on the thread's first keyed call (about 4.5 KiB, and
         /// 12 KiB more on its first promotion), so that threads that never
         /// call a limiter carry a null pointer.
         static CACHE: RefCell<Option<Box<CachePadded<Cache>>>> = const { RefCell::new(None) };
+    }
+
+    #[cfg(loom)]
+    loom::thread_local! {
+        static CACHE: RefCell<Option<Box<CachePadded<Cache>>>> = RefCell::new(None);
     }
 
     /// One limiter's face on the per-thread caches.
@@ -149,6 +158,18 @@ mod imp {
         /// Misra-Gries counters: a 32-bit tag of a limiter and key hash
         /// (see [`vote_of`]) and its net votes (0: free).
         votes: [[(u32, u32); VOTE_WAYS]; VOTE_SETS],
+    }
+
+    /// Under loom, a model that failed drops its threads' caches outside
+    /// the model, where loom's `Arc`s cannot be dropped (and nothing is
+    /// checked any more): leak them.
+    #[cfg(loom)]
+    impl Drop for Cache {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                std::mem::forget(self.sets.take());
+            }
+        }
     }
 
     impl Cache {
@@ -228,7 +249,9 @@ mod imp {
             // Relaxed: only uniqueness matters, and fetch_add gives it.
             HotKeys {
                 id: NEXT_ID.fetch_add(1, Relaxed),
-                on: true,
+                // Under loom, off unless a model turns it on: the other
+                // models check the map path.
+                on: !cfg!(loom),
             }
         }
 
@@ -388,48 +411,5 @@ mod tests {
                 assert_eq!(bytes[mask.trailing_zeros() as usize / 8], tag);
             }
         }
-    }
-}
-
-#[cfg(loom)]
-mod off {
-    use crate::bucket::Bucket;
-    use crate::sync::Arc;
-    use std::borrow::Borrow;
-
-    use super::Probe;
-
-    /// The cache, switched off: every call goes to the map.
-    #[derive(Debug)]
-    pub(crate) struct HotKeys;
-
-    impl HotKeys {
-        pub(crate) fn new() -> Self {
-            HotKeys
-        }
-
-        pub(crate) fn set_on(&mut self, _: bool) {}
-
-        pub(crate) fn is_on(&self) -> bool {
-            false
-        }
-
-        // Same signature as the real cache's, so that callers compile
-        // unchanged.
-        #[allow(clippy::extra_unused_type_parameters)]
-        pub(crate) fn probe<K, Q, R>(
-            &self,
-            _: u64,
-            _: &Q,
-            _: impl FnOnce(&Bucket) -> Option<R>,
-        ) -> Probe<R>
-        where
-            K: Borrow<Q> + 'static,
-            Q: Eq + ?Sized,
-        {
-            Probe::Miss { promote: false }
-        }
-
-        pub(crate) fn insert<K: 'static>(&self, _: u64, _: K, _: Arc<Bucket>) {}
     }
 }

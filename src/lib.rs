@@ -66,7 +66,6 @@
 mod bucket;
 mod concurrency;
 mod decision;
-#[cfg(not(loom))]
 mod dice;
 #[cfg(doctest)]
 mod docs;

@@ -44,7 +44,13 @@ impl LiveQuota {
             // load; paired with the Release fence in `store`, a load that
             // saw any word of a store in progress sees its odd version (or
             // a later one) here.
-            fence(Ordering::Acquire);
+            #[cfg(loom)]
+            let skip = crate::loom_api::flawed(crate::loom_api::Flaw::QuotaReadWithoutFence);
+            #[cfg(not(loom))]
+            let skip = false;
+            if !skip {
+                fence(Ordering::Acquire);
+            }
             let after = self.version.load(Ordering::Relaxed);
             if before == after && before % 2 == 0 {
                 return Quota::from_words(words);

@@ -129,3 +129,99 @@ pub fn enter(
         crate::concurrency::Entered::Queued(queued) => Entered::Queued(Queued(queued)),
     })
 }
+
+/// A deliberately broken step of a real protocol, switched on by a model's
+/// broken twin with [`with_flaw`]: the twin then runs the real code with
+/// that one step replaced, and passes only if loom finds the bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Flaw {
+    /// The automatic sweep's flag is taken with a load, then a store,
+    /// instead of one swap: two creations can both take a step at once.
+    SweepFlagCheckThenSet,
+    /// The automatic sweep's flag is taken and released `Relaxed`: the
+    /// next holder may read the cursor and pass bookkeeping as they were
+    /// before the previous step.
+    SweepFlagRelaxed,
+    /// A read of the live quota skips its `Acquire` fence: the second
+    /// version load may then miss a store whose words the read saw.
+    QuotaReadWithoutFence,
+    /// The map looks a new key up under one lock and inserts it under
+    /// another, without looking again: two first calls each install (and
+    /// spend from) their own bucket.
+    InsertWithoutRecheck,
+    /// A place under the bucket cap is reserved by a load, a comparison,
+    /// then an add, instead of one `fetch_add` whose result decides.
+    ReserveCheckThenAdd,
+    /// Eviction retires a moved bucket without asking whether a live
+    /// handle pins it.
+    EvictIgnoringHandles,
+    /// A thread takes a new slot index by reading the next one under the
+    /// slots' lock and claiming it under another: two threads can get the
+    /// same index, and write one counter stripe each thinking it the only
+    /// writer.
+    SlotTakenInTwoLocks,
+    /// A bucket is retired by a load, a fullness check and a blind store
+    /// of `RETIRED`, instead of a compare-and-swap: a spend that lands in
+    /// between (from a hot-key cache, which holds no lock) is swallowed.
+    RetireByBlindStore,
+}
+
+std::thread_local! {
+    // Plain `std` thread-locals, on purpose: loom runs a model's threads
+    // as coroutines on the OS thread that calls `loom::model`, so every
+    // thread of the model sees what the test set, and other tests (on
+    // other OS threads) do not.
+    static FLAW: std::cell::Cell<Option<Flaw>> = const { std::cell::Cell::new(None) };
+    static SHARDS: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
+}
+
+/// Resets a thread-local setting when dropped, even by a twin's panic.
+struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<std::cell::Cell<T>>, T);
+
+impl<T: Copy + 'static> Drop for Restore<T> {
+    fn drop(&mut self) {
+        self.0.with(|cell| cell.set(self.1));
+    }
+}
+
+/// Runs `f` (a `loom::model` call) with `flaw` switched on in the real code.
+pub fn with_flaw<R>(flaw: Flaw, f: impl FnOnce() -> R) -> R {
+    let _restore = Restore(&FLAW, FLAW.with(|cell| cell.replace(Some(flaw))));
+    f()
+}
+
+/// Whether a broken twin switched `flaw` on (see [`with_flaw`]).
+pub(crate) fn flawed(flaw: Flaw) -> bool {
+    FLAW.with(|cell| cell.get() == Some(flaw))
+}
+
+/// Runs `f` (a `loom::model` call) with limiters whose map has `shards`
+/// shards (1 otherwise): the automatic sweep then takes `shards` steps a
+/// pass, one shard each, and its cursor moves.
+pub fn with_shards<R>(shards: usize, f: impl FnOnce() -> R) -> R {
+    assert!(shards >= 1, "a map has at least one shard");
+    let _restore = Restore(&SHARDS, SHARDS.with(|cell| cell.replace(shards)));
+    f()
+}
+
+/// The shards of a map made now (see [`with_shards`]).
+pub(crate) fn shards() -> usize {
+    SHARDS.with(std::cell::Cell::get)
+}
+
+/// The shard that holds `key` in a map of `shards` shards (see
+/// [`with_shards`]).
+pub fn shard_of<Q: std::hash::Hash + ?Sized>(key: &Q, shards: usize) -> usize {
+    crate::store::shard_of(key, shards)
+}
+
+/// Where a limiter's automatic sweep is: the shard its next step sweeps,
+/// and the steps the current pass has taken.
+pub fn sweep_position<K, S>(limiter: &crate::TokenBucketLimiter<K, S>) -> (usize, usize)
+where
+    K: std::hash::Hash + Eq + 'static,
+    S: std::hash::BuildHasher + Clone,
+{
+    limiter.sweep_position()
+}

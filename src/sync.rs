@@ -21,13 +21,33 @@ pub(crate) use loom::sync::atomic::{
 pub(crate) use loom::sync::{Arc, Mutex};
 
 /// `std` atomics for state that loom does not model (the manual clock, the
-/// statistics and the sweep's ghosts of evicted keys, which decide
+/// offender sketches and the sweep's ghosts of evicted keys, which decide
 /// nothing): named here so that this file stays the only one that picks
 /// atomics.
 pub(crate) mod unmodeled {
     pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
+    /// The thread slots' lock (loom's under `cfg(loom)`: see `observe::slot`).
+    #[cfg(not(loom))]
     pub(crate) use std::sync::Mutex;
 }
+
+/// The decision counters' stripes, written by one thread each: loom's
+/// atomics under `cfg(loom)`, so that model 9 checks that protocol (and
+/// the thread slots behind it).
+pub(crate) mod striped {
+    #[cfg(not(loom))]
+    pub(crate) use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    #[cfg(loom)]
+    pub(crate) use loom::sync::atomic::{AtomicU64, Ordering::Relaxed};
+}
+
+/// Per-thread values: under `cfg(loom)`, per model thread (loom runs its
+/// threads on one OS thread, so `std`'s would be shared between them).
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
 
 /// A wait for another thread's progress (a retried optimistic read): a
 /// spin hint, or under loom a yield, which lets the model schedule the

@@ -396,3 +396,110 @@ fn racing_creations_fill_the_cap_exactly() {
         );
     }
 }
+
+/// The hot-key cache's share/retire protocol at scale (loom compiles the
+/// cache out, see `src/hot.rs`): a few keys hammered from several threads
+/// are promoted into each thread's cache, which then spends on the moved
+/// bucket it shares with the map and with the other threads' caches; a
+/// sweeper retires those buckets while cached (the cache holds no pin),
+/// both racing the round's spends and, deterministically, after each
+/// round in which a key sat out. The caches must then drop the retired
+/// bucket and go to the map, and every round's admitted spends must show
+/// exactly in the key's bucket, whichever path they took.
+#[test]
+fn hot_key_caches_racing_sweeps_never_lose_an_admitted_spend() {
+    const ROUNDS: u64 = 600;
+    const KEYS: usize = 4;
+    // Per spender, key and round: enough votes to promote a key within a
+    // round (one miss in 4 votes, 16 net votes promote).
+    const CALLS_PER_KEY: u64 = 192;
+    const SPENDERS: usize = THREADS - 1;
+    // 64 tokens/s and capacity 64: the window is exactly 1 s, and round r
+    // spends at r seconds, when every bucket is full again. Most calls are
+    // denials, served from the caches once the key is promoted.
+    let capacity = 64;
+    let limiter = TokenBucketLimiter::new(64.0, capacity).with_hot_key_cache(true);
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("sk_hot_{k}")).collect();
+    let spent: Vec<AtomicU64> = (0..KEYS).map(|_| AtomicU64::new(0)).collect();
+    let round = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let round_over = Barrier::new(SPENDERS + 1);
+    let round_checked = Barrier::new(SPENDERS + 1);
+    // A key sits out every third round: its bucket is full at the next
+    // round's instant, and swept while the caches still hold it.
+    let active = |k: usize, r: u64| (k as u64 + r) % 3 != 0;
+    let mut retired_while_cached = 0;
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            // Acquire pairs with the Release store of `done`; `round` is
+            // read Relaxed: a stale (earlier) round only sweeps less.
+            while !done.load(Ordering::Acquire) {
+                let _ = limiter.sweep(round.load(Ordering::Relaxed) as f64);
+                thread::yield_now();
+            }
+        });
+        for s in 0..SPENDERS {
+            let (limiter, keys, spent) = (&limiter, &keys, &spent);
+            let (round_over, round_checked) = (&round_over, &round_checked);
+            scope.spawn(move || {
+                let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15 ^ (s as u64 + 1));
+                for r in 0..ROUNDS {
+                    round_checked.wait();
+                    let now = r as f64;
+                    for _ in 0..CALLS_PER_KEY {
+                        for k in (0..KEYS).filter(|&k| active(k, r)) {
+                            let cost = 1 + rng.next() % 2;
+                            if limiter.allow_n(keys[k].as_str(), now, cost) {
+                                // Relaxed: read after the round's barrier.
+                                spent[k].fetch_add(cost, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    // The barrier orders the round's spends before the check.
+                    round_over.wait();
+                }
+            });
+        }
+        for r in 0..ROUNDS {
+            // Relaxed: the barrier below publishes it to the spenders.
+            round.store(r, Ordering::Relaxed);
+            round_checked.wait();
+            round_over.wait();
+            for (k, key) in keys.iter().enumerate() {
+                let spent = spent[k].swap(0, Ordering::Relaxed);
+                assert!(spent <= capacity, "round {r}, key {k}: spent {spent}");
+                assert_eq!(
+                    limiter.remaining(key.as_str(), r as f64),
+                    Ok(capacity - spent),
+                    "round {r}, key {k}: an admitted spend was lost"
+                );
+            }
+            // The keys that sat this round out are full at `r`: this sweep
+            // retires their buckets whatever the racing sweeper did, while
+            // the spenders' caches still hold them.
+            retired_while_cached += limiter.sweep(r as f64);
+        }
+        // Release pairs with the sweeper's Acquire load.
+        done.store(true, Ordering::Release);
+    });
+    let stats = limiter.stats();
+    let calls: u64 = (0..ROUNDS)
+        .map(|r| (0..KEYS).filter(|&k| active(k, r)).count() as u64)
+        .sum::<u64>()
+        * CALLS_PER_KEY
+        * SPENDERS as u64;
+    assert_eq!(stats.admitted + stats.denied(), calls, "every call decided");
+    // Each key promoted in each spender once, and again after (most of)
+    // the ~ROUNDS / 3 times its bucket was retired under the caches: the
+    // share/retire path was taken, not only the first promotion.
+    let first_promotions = (SPENDERS * KEYS) as u64;
+    eprintln!(
+        "hot-key promotions {}, buckets retired by the round sweeps {retired_while_cached}",
+        stats.hot_key_promotions
+    );
+    assert!(
+        stats.hot_key_promotions > 10 * first_promotions,
+        "the caches took keys in {} times: retired buckets were not re-promoted",
+        stats.hot_key_promotions
+    );
+}

@@ -71,6 +71,7 @@ pub(super) struct Counters {
 }
 
 /// Counts one waiting caller while alive.
+#[cfg_attr(loom, allow(dead_code))]
 pub(super) struct Waiting<'a>(&'a AtomicUsize);
 
 impl Drop for Waiting<'_> {
@@ -103,6 +104,7 @@ impl Counters {
     }
 
     /// Counts a waiting caller until the guard drops.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(super) fn waiting(&self) -> Waiting<'_> {
         // Relaxed: see `Waiting`.
         self.waiting.fetch_add(1, Relaxed);

@@ -93,10 +93,21 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // caches hold the bucket but not the pin: retiring it sends
             // their next call back to the map, exactly as a keyed call.
             MOVED => self.moved.remove_if(key, |moved| {
+                #[cfg(loom)]
+                if crate::loom_api::flawed(crate::loom_api::Flaw::EvictIgnoringHandles) {
+                    return moved.bucket.try_retire(at);
+                }
                 Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(at)
             }),
             _ => bucket.try_retire(at),
         }
+    }
+
+    /// Under loom: the shard the automatic sweep's next step sweeps, and
+    /// the steps its pass has taken (see `loom_api::sweep_position`).
+    #[cfg(loom)]
+    pub(crate) fn sweep_position(&self) -> (usize, usize) {
+        self.occupancy.position_now()
     }
 
     /// Releases memory the map no longer needs after a sweep.
@@ -295,7 +306,40 @@ impl Occupancy {
         // Acquire pairs with the Release in `stepped`: this step sees the
         // cursor and count the previous step left. A thread that loses the
         // race skips the step; the winner takes it for everyone.
+        #[cfg(loom)]
+        if let Some(taken) = self.flawed_take() {
+            return taken;
+        }
         !self.sweeping.swap(true, Ordering::Acquire)
+    }
+
+    /// Under loom, a broken twin's way to take the flag (see
+    /// `loom_api::Flaw`), or `None` for the real one.
+    #[cfg(loom)]
+    fn flawed_take(&self) -> Option<bool> {
+        use crate::loom_api::{flawed, Flaw};
+        if flawed(Flaw::SweepFlagRelaxed) {
+            return Some(!self.sweeping.swap(true, Ordering::Relaxed));
+        }
+        if flawed(Flaw::SweepFlagCheckThenSet) {
+            if self.sweeping.load(Ordering::Acquire) {
+                return Some(false);
+            }
+            self.sweeping.store(true, Ordering::Relaxed);
+            return Some(true);
+        }
+        None
+    }
+
+    /// The shard the next step sweeps, and the steps this pass has taken.
+    #[cfg(loom)]
+    fn position_now(&self) -> (usize, usize) {
+        // Relaxed: the caller (a model, after joining every thread that
+        // stepped) is ordered after the last step by the joins.
+        (
+            self.cursor.load(Ordering::Relaxed),
+            self.slices.load(Ordering::Relaxed),
+        )
     }
 
     /// Where this step sweeps (the caller holds `sweeping`), and the
@@ -371,6 +415,11 @@ impl Occupancy {
         }
         self.pressure.store(0, Ordering::Relaxed);
         // Release pairs with the Acquire in `step_due`.
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::SweepFlagRelaxed) {
+            self.sweeping.store(false, Ordering::Relaxed);
+            return;
+        }
         self.sweeping.store(false, Ordering::Release);
     }
 
@@ -404,6 +453,14 @@ impl Occupancy {
     /// Reserves a place for a new bucket; false when the cap is reached.
     pub(super) fn reserve(&self) -> bool {
         if !self.capped() {
+            return true;
+        }
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::ReserveCheckThenAdd) {
+            if self.held.load(Ordering::Relaxed) >= self.max_buckets {
+                return false;
+            }
+            self.held.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         // Relaxed: the counter alone decides; the fetch_add makes concurrent

@@ -3,7 +3,7 @@
 
 use super::slot;
 use crate::error::Denial;
-use crate::sync::unmodeled::{AtomicU64, Relaxed};
+use crate::sync::striped::{AtomicU64, Relaxed};
 use crate::time::Nanos;
 use crossbeam_utils::CachePadded;
 use std::time::Duration;

@@ -22,7 +22,7 @@ mod sharded;
 mod table;
 
 #[cfg(loom)]
-pub(crate) use model::{Map, FEW_SHARDS, SHARDS};
+pub(crate) use model::{shard_of, Map, FEW_SHARDS, SHARDS};
 #[cfg(not(loom))]
 pub(crate) use sharded::{FEW_SHARDS, SHARDS};
 

@@ -4,6 +4,10 @@
 //! assumes what the real stores guarantee: `read` runs under a shard read
 //! lock, and `update`, `write` and the `retain*` under the shard's write
 //! lock, so those never overlap any other access to the same key.
+//!
+//! One shard unless a model asks for more (`loom_api::with_shards`): a
+//! key's shard is then fixed by its hash, and the automatic sweep takes a
+//! step per shard, as over the real store.
 
 use super::Cursor;
 use std::borrow::Borrow;
@@ -18,17 +22,33 @@ pub(crate) const FEW_SHARDS: usize = 1;
 /// hasher would reorder the sweep's retirements between runs).
 type FixedHasher = std::hash::BuildHasherDefault<std::hash::DefaultHasher>;
 
+type Shard<K, V> = loom::sync::RwLock<std::collections::HashMap<K, V, FixedHasher>>;
+
 pub(crate) struct Map<K, V, S> {
-    inner: loom::sync::RwLock<std::collections::HashMap<K, V, FixedHasher>>,
+    shards: Box<[Shard<K, V>]>,
     _hasher: std::marker::PhantomData<S>,
+}
+
+/// The shard of `key` among `shards`: with one shard, no hash at all.
+pub(crate) fn shard_of<Q: Hash + ?Sized>(key: &Q, shards: usize) -> usize {
+    if shards == 1 {
+        return 0;
+    }
+    (FixedHasher::default().hash_one(key) % shards as u64) as usize
 }
 
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     pub(crate) fn new(_store: super::Store, _hasher: S, _shards: usize) -> Self {
         Map {
-            inner: loom::sync::RwLock::new(std::collections::HashMap::default()),
+            shards: (0..crate::loom_api::shards())
+                .map(|_| loom::sync::RwLock::new(std::collections::HashMap::default()))
+                .collect(),
             _hasher: std::marker::PhantomData,
         }
+    }
+
+    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &Shard<K, V> {
+        &self.shards[shard_of(key, self.shards.len())]
     }
 
     /// The model stands for one shard of the default store.
@@ -37,7 +57,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.inner.read().unwrap().len()
+        self.shards.iter().map(|s| s.read().unwrap().len()).sum()
     }
 
     pub(crate) fn read<Q, R>(&self, key: &Q, f: impl FnOnce(&V) -> R) -> Option<R>
@@ -45,7 +65,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner.read().unwrap().get(key).map(f)
+        self.shard(key).read().unwrap().get(key).map(f)
     }
 
     /// One shard: no hash is needed to find it.
@@ -58,7 +78,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.inner.write().unwrap().get_mut(key).map(f)
+        self.shard(key).write().unwrap().get_mut(key).map(f)
     }
 
     pub(crate) fn update_or_insert<Q, R>(
@@ -85,7 +105,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut map = self.inner.write().unwrap();
+        let mut map = self.shard(key).write().unwrap();
         f(map.entry(key.to_owned()).or_insert_with(init))
     }
 
@@ -101,33 +121,40 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         use std::collections::hash_map::Entry;
-        let mut map = self.inner.write().unwrap();
+        if crate::loom_api::flawed(crate::loom_api::Flaw::InsertWithoutRecheck) {
+            // BROKEN: the lookup's lock is released before the insert.
+            if let Some(value) = self.shard(key).write().unwrap().get_mut(key) {
+                return Some(f(value));
+            }
+            let value = init()?;
+            let mut map = self.shard(key).write().unwrap();
+            map.insert(key.to_owned(), value);
+            return map.get_mut(key).map(f);
+        }
+        let mut map = self.shard(key).write().unwrap();
         match map.entry(key.to_owned()) {
             Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
             Entry::Vacant(entry) => Some(f(entry.insert(init()?))),
         }
     }
 
-    pub(crate) fn retain(&self, keep: impl FnMut(&K, &V) -> bool) {
-        self.retain_shard(0, keep);
+    pub(crate) fn retain(&self, mut keep: impl FnMut(&K, &V) -> bool) {
+        for index in 0..self.shards.len() {
+            self.retain_shard(index, &mut keep);
+        }
     }
 
-    /// One shard: the whole map.
     pub(crate) fn shard_count(&self) -> usize {
-        1
+        self.shards.len()
     }
 
-    pub(crate) fn retain_shard(
-        &self,
-        _index: usize,
-        mut keep: impl FnMut(&K, &V) -> bool,
-    ) -> usize {
-        let mut map = self.inner.write().unwrap();
+    pub(crate) fn retain_shard(&self, index: usize, mut keep: impl FnMut(&K, &V) -> bool) -> usize {
+        let mut map = self.shards[index].write().unwrap();
         map.retain(|key, value| keep(key, value));
         map.len()
     }
 
-    /// The whole map in one slice.
+    /// The whole shard in one slice.
     pub(crate) fn retain_slice(
         &self,
         index: usize,
@@ -143,7 +170,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let mut map = self.inner.write().unwrap();
+        let mut map = self.shard(key).write().unwrap();
         if map.get(key).is_some_and(remove) {
             map.remove(key);
             return true;
@@ -152,6 +179,8 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     }
 
     pub(crate) fn shrink_to_fit(&self) {
-        self.inner.write().unwrap().shrink_to_fit();
+        for shard in self.shards.iter() {
+            shard.write().unwrap().shrink_to_fit();
+        }
     }
 }
