@@ -23,6 +23,7 @@
 //! | `cap.rs` | model 5: the bucket cap's reservations, racing |
 //! | `unlocked_reads.rs` | model 6: eviction when readers take no lock |
 //! | `live_quota.rs` | model 7: the default quota replaced while calls read it |
+//! | `reset.rs` | model 8: a reset racing spends and the sweep's retirement |
 #![cfg(loom)]
 
 mod support;
@@ -31,6 +32,7 @@ mod cap;
 mod eviction;
 mod first_use;
 mod live_quota;
+mod reset;
 mod same_instant;
 mod timestamps;
 mod unlocked_reads;
