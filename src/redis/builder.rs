@@ -1,10 +1,11 @@
 //! Making and configuring a Redis limiter, async or blocking: connecting,
-//! and the settings it carries (prefix, deadline, TTL floor, mirror,
+//! and the settings it carries (namespace, deadline, TTL floor, mirror,
 //! failure policy), written once for both: they are one type,
 //! [`RedisLimiter`], over two kinds of connection.
 
 use super::error::{FailurePolicy, RedisLimiterError};
 use super::limiter::RedisLimiter;
+use super::names::{KeyNames, Names};
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
 use crate::gcra::Quota;
 use crate::observe::Stats;
@@ -89,9 +90,63 @@ where
 
 /// # Settings, for the async and the blocking limiter alike
 impl<C> RedisLimiter<C> {
-    /// Sets the prefix of every bucket's Redis key (default
-    /// [`DEFAULT_REDIS_PREFIX`](crate::DEFAULT_REDIS_PREFIX)). On Redis Cluster a prefix such as
-    /// `"{tenant7}:"` puts every bucket of the limiter in one hash slot.
+    /// Names this limiter's buckets in Redis: `namespace`, then each key
+    /// as `keys` says. **Limiters share buckets exactly when they have the
+    /// same namespace, the same [`KeyNames`] (the same secret) and the
+    /// same hash tag setting**: give every process that must share a
+    /// budget the same three, and every other limiter on the same Redis
+    /// another namespace.
+    ///
+    /// Without this call a limiter has a namespace of its own,
+    /// `keyrate-private-` and 64 random bits, with keys hashed under a
+    /// random secret: it shares with its clones and nothing else, so two
+    /// limiters never share a bucket by accident (they used to, on the
+    /// default prefix), and no key shows in Redis. A limiter that several
+    /// processes share must be named.
+    ///
+    /// The name of a bucket is the namespace, percent-encoded, then `#`
+    /// and the key's keyed hash ([`KeyNames::Hashed`]) or `|` and the key
+    /// percent-encoded ([`KeyNames::Encoded`]). The encoding keeps
+    /// `A-Z a-z 0-9 - _ . :` and turns every other byte into `%XX`, braces
+    /// included: no namespace and no key can end another's name early (so
+    /// `"rl:"` + `"tts:x"` and `"rl:tts:"` + `"x"` are different buckets),
+    /// and no key can choose its Redis Cluster hash slot (see
+    /// [`with_hash_tag`](Self::with_hash_tag) for a deliberate one).
+    /// [`bucket_key`](Self::bucket_key) tells the name of a key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{KeyNames, KeySecret, Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// # std::env::set_var("KEYRATE_KEY_SECRET", "0123456789abcdef0123456789abcdef");
+    /// let secret = KeySecret::new(std::env::var("KEYRATE_KEY_SECRET")?)?; // the same everywhere
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_namespace("rl:api", KeyNames::Hashed(secret));
+    /// assert!(limiter.bucket_key("sk_live_1").starts_with("rl:api#"));
+    /// assert!(!limiter.bucket_key("sk_live_1").contains("sk_live_1"));
+    ///
+    /// let readable = limiter.clone().with_namespace("rl:tts", KeyNames::Encoded);
+    /// assert_eq!(readable.bucket_key("sk {live} 1"), "rl:tts|sk%20%7Blive%7D%201");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl AsRef<str>, keys: KeyNames) -> Self {
+        let hash_tag = self.settings.names.hash_tag();
+        self.settings
+            .set_names(Names::new(namespace.as_ref(), keys, hash_tag));
+        self
+    }
+
+    /// [`with_namespace`](Self::with_namespace)`(prefix, KeyNames::Encoded)`:
+    /// a shared namespace whose bucket names show the keys, percent-encoded.
+    /// Kept for code written before namespaces, when a bucket's name was
+    /// the prefix and the raw key.
     ///
     /// # Examples
     ///
@@ -103,13 +158,44 @@ impl<C> RedisLimiter<C> {
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_prefix("rl:tts:");
-    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:sk_live_1");
+    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:|sk_live_1");
     /// # Ok(())
     /// # }
     /// ```
     #[must_use]
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.settings.set_prefix(prefix.into());
+    pub fn with_prefix(self, prefix: impl AsRef<str>) -> Self {
+        self.with_namespace(prefix, KeyNames::Encoded)
+    }
+
+    /// Puts every bucket of this limiter in one Redis Cluster hash slot
+    /// (default off): the bucket names start with the namespace in braces,
+    /// `{namespace}`, a hash tag, so a cluster keeps them all on the
+    /// master that owns that slot. Only the namespace can be a hash tag:
+    /// braces in a key (or in the namespace) are encoded. Use it when
+    /// something must see all of a limiter's buckets on one node (a
+    /// `SCAN` of one node, a script over several buckets); it puts the
+    /// limiter's whole load on that one master. It changes every name, so
+    /// all the processes sharing the namespace must agree on it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_prefix("tenant7")
+    ///     .with_hash_tag(true);
+    /// assert_eq!(limiter.bucket_key("{k}"), "{tenant7}|%7Bk%7D");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_hash_tag(mut self, on: bool) -> Self {
+        let names = self.settings.names.with_hash_tag(on);
+        self.settings.set_names(names);
         self
     }
 
@@ -286,11 +372,42 @@ impl<C> RedisLimiter<C> {
         self.settings.failure_policy
     }
 
-    /// The Redis key that holds `key`'s bucket: the prefix, then the key.
-    /// Its value is the bucket's word: the Unix-or-caller-timeline instant,
-    /// in nanoseconds, at which the bucket is full again.
+    /// The Redis key that holds `key`'s bucket (see
+    /// [`with_namespace`](Self::with_namespace)): the name every call on
+    /// `key` uses. Its value is the bucket's word: the Unix-or-caller-
+    /// timeline instant, in nanoseconds, at which the bucket is full again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// // A private namespace, keys hashed: the key does not show.
+    /// assert!(limiter.bucket_key("sk_live_1").starts_with(limiter.bucket_key_prefix()));
+    /// assert!(!limiter.bucket_key("sk_live_1").contains("sk_live_1"));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn bucket_key(&self, key: &str) -> String {
         self.settings.bucket_key(key)
+    }
+
+    /// What every bucket name of this limiter starts with: the namespace
+    /// and its separator. It holds no glob character, so
+    /// `SCAN 0 MATCH <prefix>*` lists exactly this namespace's buckets.
+    #[must_use]
+    pub fn bucket_key_prefix(&self) -> &str {
+        self.settings.names.head()
+    }
+
+    /// The namespace, as given to [`with_namespace`](Self::with_namespace)
+    /// (or the private one made for this limiter).
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        self.settings.names.namespace()
     }
 }

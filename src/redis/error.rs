@@ -135,8 +135,10 @@ pub enum RedisErrorKind {
     Script,
     /// Redis answered something the script never returns.
     Reply,
-    /// The connection could not be configured: a bad URL, or refused
-    /// credentials.
+    /// The connection or the limiter could not be configured: a bad URL,
+    /// refused credentials, a bad setting (such as a short
+    /// [`KeySecret`](crate::KeySecret)), or a call that does not work on
+    /// this connection.
     Config,
 }
 
@@ -195,6 +197,14 @@ impl RedisLimiterError {
         RedisLimiterError {
             kind: RedisErrorKind::Script,
             message: format!("bucket key {key} does not hold a keyrate word"),
+            source: None,
+        }
+    }
+
+    pub(super) fn config(message: String) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Config,
+            message,
             source: None,
         }
     }

@@ -1,8 +1,9 @@
 //! What the async and the blocking limiter share: the quota, the script,
-//! the key layout, the deadline and the failure policy.
+//! the bucket names, the deadline and the failure policy.
 
 use super::error::FailurePolicy;
 use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
+use super::names::Names;
 use super::script::BUCKET_SCRIPT;
 use crate::gcra::Quota;
 use crate::live_quota::LiveQuota;
@@ -11,11 +12,6 @@ use ::redis::Script;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The key prefix used unless [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix) sets another.
-///
-/// [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix): crate::RedisLimiter::with_prefix
-pub const DEFAULT_REDIS_PREFIX: &str = "keyrate:";
 
 /// The per-call deadline used unless [`RedisLimiter::with_timeout`](crate::RedisLimiter::with_timeout) sets
 /// another.
@@ -33,7 +29,8 @@ pub(super) struct Settings {
     /// The default quota, shared by clones; `set_quota` replaces it.
     pub(super) quota: Arc<LiveQuota>,
     pub(super) script: Arc<Script>,
-    pub(super) prefix: Arc<str>,
+    /// The namespace and how keys are named in it, shared by clones.
+    pub(super) names: Arc<Names>,
     /// The deadline of one call, at least [`MIN_TIMEOUT`].
     pub(super) timeout: Duration,
     /// The least TTL of a written key, in milliseconds.
@@ -50,7 +47,7 @@ impl Settings {
         Settings {
             quota: Arc::new(LiveQuota::new(quota)),
             script: Arc::new(Script::new(BUCKET_SCRIPT)),
-            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
+            names: Arc::new(Names::private()),
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
@@ -59,8 +56,8 @@ impl Settings {
         }
     }
 
-    pub(super) fn set_prefix(&mut self, prefix: String) {
-        self.prefix = Arc::from(prefix);
+    pub(super) fn set_names(&mut self, names: Names) {
+        self.names = Arc::new(names);
     }
 
     pub(super) fn set_timeout(&mut self, timeout: Duration) {
@@ -78,10 +75,7 @@ impl Settings {
     }
 
     pub(super) fn bucket_key(&self, key: &str) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + key.len());
-        out.push_str(&self.prefix);
-        out.push_str(key);
-        out
+        self.names.bucket_key(key)
     }
 }
 
@@ -89,7 +83,7 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("quota", &self.quota.load())
-            .field("prefix", &self.prefix)
+            .field("names", &self.names)
             .field("timeout", &self.timeout)
             .field("min_ttl_ms", &self.min_ttl_ms)
             .field("failure_policy", &self.failure_policy)
