@@ -102,8 +102,8 @@ pub use crate::observe::Responses;
 pub use crate::observe::{Offenders, Stats, DEFAULT_OFFENDER_WINDOW, OFFENDER_SLOTS};
 #[cfg(feature = "redis")]
 pub use crate::redis::{
-    BlockingConnection, BlockingRedisLimiter, FailurePolicy, KeyNames, KeySecret, RedisDenial,
-    RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_TIMEOUT,
+    BlockingConnection, BlockingRedisLimiter, CircuitStats, FailurePolicy, KeyNames, KeySecret,
+    RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

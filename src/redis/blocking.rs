@@ -1,6 +1,7 @@
 //! The blocking twin of the async limiter: [`RedisLimiter`] over a plain
 //! connection, for threads that are not in an async runtime.
 
+use super::breaker::answered;
 use super::call::Outcome;
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
@@ -101,6 +102,8 @@ impl RedisLimiter<BlockingConnection> {
             Ok(call) => call,
             Err(denial) => return Ok(Err(denial)),
         };
+        let breaker = &self.settings.breaker;
+        let pass = breaker.admit(breaker.now())?;
         let invocation = self.settings.invocation(&call);
         let mut slot = self.connection.open.lock();
         // A connection opened under another timeout is replaced.
@@ -128,6 +131,7 @@ impl RedisLimiter<BlockingConnection> {
             *slot = None;
         }
         drop(slot);
+        breaker.record(pass, answered(&answer), breaker.now());
         self.settings.finish(&call, answer)
     }
 

@@ -3,7 +3,8 @@
 //! failure policy), written once for both: they are one type,
 //! [`RedisLimiter`], over two kinds of connection.
 
-use super::error::{FailurePolicy, RedisLimiterError};
+use super::breaker::{Breaker, CircuitStats};
+use super::error::{FailurePolicy, RedisErrorKind, RedisLimiterError};
 use super::limiter::RedisLimiter;
 use super::names::{KeyNames, Names};
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
@@ -19,10 +20,15 @@ impl RedisLimiter<ConnectionManager> {
     /// lost connection.
     ///
     /// Each connection attempt and each answer times out after
-    /// [`DEFAULT_REDIS_TIMEOUT`]; a failed attempt is retried 3 times with
-    /// exponential backoff before this returns an error. Use
-    /// [`with_connection`](Self::with_connection) to configure the
-    /// connection yourself.
+    /// [`DEFAULT_REDIS_TIMEOUT`]; a failed first connection is retried 3
+    /// times, 100, 200 and 400 ms apart, before this returns an error.
+    /// After a lost connection the manager reconnects on the next call,
+    /// one attempt per call and no backoff of its own: the limiter's
+    /// circuit breaker ([`with_circuit_breaker`](Self::with_circuit_breaker))
+    /// paces the attempts while Redis is down, so that calls fail fast
+    /// meanwhile and a Redis that answers again is found within one
+    /// probe interval. Use [`with_connection`](Self::with_connection) to
+    /// configure the connection yourself.
     ///
     /// # Errors
     ///
@@ -45,13 +51,29 @@ impl RedisLimiter<ConnectionManager> {
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<Self, RedisLimiterError> {
         let client = ::redis::Client::open(url)?;
+        // No retries inside the manager: a reconnection that retried with
+        // backoff (redis-rs sleeps a second or more between attempts) would
+        // hold every call waiting on it, and find a restarted Redis only
+        // at its next attempt.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(DEFAULT_REDIS_TIMEOUT)
             .set_response_timeout(DEFAULT_REDIS_TIMEOUT)
-            .set_number_of_retries(3)
-            .set_max_delay(1000);
-        let connection = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self::with_connection(connection, quota))
+            .set_number_of_retries(0);
+        let mut delay = Duration::from_millis(100);
+        for retry in 0.. {
+            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+                Ok(connection) => return Ok(Self::with_connection(connection, quota)),
+                Err(err) => {
+                    let err = RedisLimiterError::from(err);
+                    if retry == 3 || err.kind() == RedisErrorKind::Config {
+                        return Err(err);
+                    }
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+        unreachable!("the loop returns")
     }
 }
 
@@ -317,6 +339,58 @@ impl<C> RedisLimiter<C> {
     pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
         self
+    }
+
+    /// Sets the circuit breaker (default: opens after 5 round trips in a
+    /// row failed for want of Redis, probes every 50 ms; `failures` 0
+    /// turns it off).
+    ///
+    /// After `failures` consecutive round trips that failed with
+    /// [`Unavailable`](crate::RedisErrorKind::Unavailable) or
+    /// [`Timeout`](crate::RedisErrorKind::Timeout), the breaker opens:
+    /// every call that needs Redis is decided by the
+    /// [`FailurePolicy`] at once, without a round trip, with an error whose
+    /// [`is_circuit_open`](crate::RedisLimiterError::is_circuit_open) is
+    /// true (counted in [`Stats::backend_errors`] like any failure, and in
+    /// [`circuit_stats`](Self::circuit_stats)). From `probe_every` after it
+    /// opened, one call at a time goes to Redis as a probe, at most one per
+    /// `probe_every`; the first that Redis answers closes the breaker. So
+    /// an outage costs the calls made meanwhile nothing but their answer,
+    /// and a Redis that answers again is used within about `probe_every`
+    /// plus a round trip. The local deny mirror works on regardless. Any
+    /// answer from Redis (a script error included) counts as Redis being
+    /// up. The breaker is one per limiter and its clones, not one per
+    /// node: on Redis Cluster a master that is down opens it only when the
+    /// round trips to it come in a row (the Redis Cluster section of
+    /// `docs/redis.md`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_circuit_breaker(3, Duration::from_millis(20));
+    /// assert!(!limiter.circuit_stats().open);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_circuit_breaker(mut self, failures: u32, probe_every: Duration) -> Self {
+        self.settings.breaker = std::sync::Arc::new(Breaker::new(failures, probe_every));
+        self
+    }
+
+    /// The circuit breaker's state and counters (this limiter and its
+    /// clones): whether it is open, how often it opened, the calls it
+    /// failed fast, and its probes.
+    #[must_use]
+    pub fn circuit_stats(&self) -> CircuitStats {
+        self.settings.breaker.stats()
     }
 
     /// The default quota: the one every call follows unless it names its

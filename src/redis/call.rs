@@ -58,7 +58,7 @@ impl Settings {
     /// or its denial without Redis: an invalid instant, a cost above the
     /// capacity, or a denial by the mirror's bound. A call made this way
     /// does not coalesce (the blocking limiter, whose calls already take
-    /// turns, and an async call past its deadline for waiting).
+    /// turns).
     pub(super) fn prepare(
         &self,
         key: &str,

@@ -20,6 +20,7 @@
 //! ends), `mirror.rs` (the local deny mirror), `error.rs`.
 
 mod blocking;
+mod breaker;
 mod builder;
 mod call;
 mod error;
@@ -31,6 +32,7 @@ mod settings;
 mod stats;
 
 pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
+pub use self::breaker::CircuitStats;
 pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
 pub use self::limiter::RedisLimiter;
 pub use self::names::{KeyNames, KeySecret};

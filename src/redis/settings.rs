@@ -1,6 +1,7 @@
 //! What the async and the blocking limiter share: the quota, the script,
 //! the bucket names, the deadline and the failure policy.
 
+use super::breaker::{Breaker, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY};
 use super::error::FailurePolicy;
 use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
 use super::names::Names;
@@ -40,6 +41,8 @@ pub(super) struct Settings {
     pub(super) mirror: Option<Arc<Mirror>>,
     /// Decision counters, shared by clones (see `stats`).
     pub(super) counters: Arc<crate::observe::Counters>,
+    /// The circuit breaker, shared by clones.
+    pub(super) breaker: Arc<Breaker>,
 }
 
 impl Settings {
@@ -53,6 +56,10 @@ impl Settings {
             failure_policy: FailurePolicy::default(),
             mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
             counters: Arc::new(crate::observe::Counters::new(true)),
+            breaker: Arc::new(Breaker::new(
+                DEFAULT_BREAKER_FAILURES,
+                DEFAULT_BREAKER_PROBE_EVERY,
+            )),
         }
     }
 
@@ -88,6 +95,7 @@ impl fmt::Debug for Settings {
             .field("min_ttl_ms", &self.min_ttl_ms)
             .field("failure_policy", &self.failure_policy)
             .field("mirror", &self.mirror)
+            .field("breaker", &self.breaker)
             .finish()
     }
 }
