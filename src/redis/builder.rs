@@ -318,6 +318,40 @@ impl<C> RedisLimiter<C> {
         self
     }
 
+    /// Sets how long the local deny mirror denies with a bound after the
+    /// call that showed it was sent (default 1 s); then the next call on
+    /// the key goes to Redis and refreshes it.
+    ///
+    /// A bound is a lower bound of the word in Redis only while that word
+    /// does not fall, and it falls when another process
+    /// [`reset`](Self::reset)s the key (or Redis loses it: a restart
+    /// without persistence, `FLUSHALL`, a failover to a replica that
+    /// lagged). This limiter cannot see that without a round trip, so it
+    /// may deny such a key for up to this long after the fall, and never
+    /// longer. A hammered key costs one more round trip per period. This
+    /// limiter's own resets (and its clones') forget the bound at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_mirror_refresh(Duration::from_millis(200));
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_mirror_refresh(mut self, refresh: Duration) -> Self {
+        self.settings.set_mirror_refresh(refresh);
+        self
+    }
+
     /// Sets what every deciding call answers when Redis cannot decide
     /// (default [`FailurePolicy::Closed`]; see [`FailurePolicy`]).
     ///

@@ -27,6 +27,7 @@ mod error;
 mod limiter;
 mod mirror;
 mod names;
+mod reset;
 mod script;
 mod settings;
 mod stats;

@@ -3,7 +3,7 @@
 
 use super::breaker::{Breaker, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY};
 use super::error::FailurePolicy;
-use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
+use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY, DEFAULT_MIRROR_REFRESH};
 use super::names::Names;
 use super::script::BUCKET_SCRIPT;
 use crate::gcra::Quota;
@@ -39,6 +39,8 @@ pub(super) struct Settings {
     pub(super) failure_policy: FailurePolicy,
     /// The local deny mirror, shared by clones; `None` when turned off.
     pub(super) mirror: Option<Arc<Mirror>>,
+    /// How long a mirror's bound may deny after the call that showed it.
+    pub(super) mirror_refresh: Duration,
     /// Decision counters, shared by clones (see `stats`).
     pub(super) counters: Arc<crate::observe::Counters>,
     /// The circuit breaker, shared by clones.
@@ -54,7 +56,11 @@ impl Settings {
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
-            mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
+            mirror: Some(Arc::new(Mirror::new(
+                DEFAULT_MIRROR_CAPACITY,
+                DEFAULT_MIRROR_REFRESH,
+            ))),
+            mirror_refresh: DEFAULT_MIRROR_REFRESH,
             counters: Arc::new(crate::observe::Counters::new(true)),
             breaker: Arc::new(Breaker::new(
                 DEFAULT_BREAKER_FAILURES,
@@ -78,7 +84,17 @@ impl Settings {
 
     /// A fresh mirror of `capacity` bounds, or none for 0.
     pub(super) fn set_mirror_capacity(&mut self, capacity: usize) {
-        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity)));
+        let refresh = self.mirror_refresh;
+        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity, refresh)));
+    }
+
+    /// A fresh mirror whose bounds deny for `refresh`, of the same
+    /// capacity (if any).
+    pub(super) fn set_mirror_refresh(&mut self, refresh: Duration) {
+        self.mirror_refresh = refresh;
+        if let Some(capacity) = self.mirror.as_ref().map(|mirror| mirror.capacity()) {
+            self.set_mirror_capacity(capacity);
+        }
     }
 
     pub(super) fn bucket_key(&self, key: &str) -> String {
