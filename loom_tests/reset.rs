@@ -93,12 +93,10 @@ impl Cell for BlindReset {
                 Call::Retire { now } if loom_api::is_full(current, now) => RETIRED,
                 Call::Retire { .. } => return Answer::Took(false),
             };
-            match self.full_at.compare_exchange(
-                current,
-                next,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
+            match self
+                .full_at
+                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
                 Ok(_) if next == RETIRED => return Answer::Took(true),
                 Ok(_) => return Answer::Spent(Ok(next)),
                 Err(actual) => current = actual,
@@ -184,7 +182,10 @@ const SPEND: Call = Call::Spend { now: SEC, cost: 1 };
 fn reset_races_spends() {
     model("8: a reset racing two spenders, capacity 2", || {
         // The bucket starts empty at 1 s (full at 3 s).
-        check::<Bucket>(3 * SEC, vec![vec![SPEND, SPEND], vec![Call::Reset], vec![SPEND]]);
+        check::<Bucket>(
+            3 * SEC,
+            vec![vec![SPEND, SPEND], vec![Call::Reset], vec![SPEND]],
+        );
     });
 }
 
@@ -194,7 +195,11 @@ fn reset_races_retirement() {
         // Full at 1 s: the sweep may retire it; a spend makes it not full.
         check::<Bucket>(
             SEC,
-            vec![vec![SPEND], vec![Call::Reset], vec![Call::Retire { now: SEC }]],
+            vec![
+                vec![SPEND],
+                vec![Call::Reset],
+                vec![Call::Retire { now: SEC }],
+            ],
         );
     });
 }
@@ -202,7 +207,13 @@ fn reset_races_retirement() {
 #[test]
 #[should_panic(expected = "not linearizable")]
 fn broken_blind_reset_revives_a_retired_bucket() {
-    model("8 broken: a reset that stores 0 over a retired bucket", || {
-        check::<BlindReset>(SEC, vec![vec![Call::Reset], vec![Call::Retire { now: SEC }]]);
-    });
+    model(
+        "8 broken: a reset that stores 0 over a retired bucket",
+        || {
+            check::<BlindReset>(
+                SEC,
+                vec![vec![Call::Reset], vec![Call::Retire { now: SEC }]],
+            );
+        },
+    );
 }

@@ -48,9 +48,12 @@ async fn limiters_left_unnamed_share_nothing() {
 /// budget. A different secret, or readable names, is another bucket.
 #[tokio::test]
 async fn limiters_named_alike_share() {
-    let (Some(a), Some(b), Some(c), Some(d)) =
-        (connect().await, connect().await, connect().await, connect().await)
-    else {
+    let (Some(a), Some(b), Some(c), Some(d)) = (
+        connect().await,
+        connect().await,
+        connect().await,
+        connect().await,
+    ) else {
         return;
     };
     let namespace = unique_prefix("shared");
@@ -116,7 +119,10 @@ async fn keys_do_not_show_by_default() {
     let mut conn = raw(&url).await;
     let found = redis_support::keys(&mut conn, "").await;
     assert!(found.contains(&name), "the bucket is where bucket_key says");
-    assert!(!found.iter().any(|k| k.contains(&key)), "the key shows in Redis");
+    assert!(
+        !found.iter().any(|k| k.contains(&key)),
+        "the key shows in Redis"
+    );
     let under_prefix = redis_support::keys(&mut conn, limiter.bucket_key_prefix()).await;
     assert_eq!(under_prefix, vec![name]);
 }

@@ -114,7 +114,10 @@ async fn a_coalesced_call_keeps_one_deadline() {
         other => panic!("expected a timeout, got {other:?}"),
     }
     // tokio's paused clock: exact, whatever the machine's load.
-    assert_eq!(waited, TIMEOUT, "one deadline for the wait and the round trip");
+    assert_eq!(
+        waited, TIMEOUT,
+        "one deadline for the wait and the round trip"
+    );
     assert_eq!(fake.calls(), 1, "the waiting call made no round trip");
 }
 
@@ -143,14 +146,24 @@ async fn the_breaker_fails_fast_and_probes() {
     assert_eq!(fake.calls(), 3, "3 round trips, then none");
     let stats = closed.circuit_stats();
     assert!(stats.open);
-    assert_eq!((stats.trips, stats.fast_failures, stats.probes), (1, 100, 0));
-    assert_eq!(closed.stats().backend_errors, 103, "fast failures count as backend errors");
+    assert_eq!(
+        (stats.trips, stats.fast_failures, stats.probes),
+        (1, 100, 0)
+    );
+    assert_eq!(
+        closed.stats().backend_errors,
+        103,
+        "fast failures count as backend errors"
+    );
 
     // Redis answers again; the next call after the probe interval is the
     // probe, and closes the breaker.
     fake.mode.store(ANSWER, Relaxed);
     tokio::time::advance(probe_every).await;
-    assert!(closed.allow("k", 0.0).await, "the probe is decided by Redis");
+    assert!(
+        closed.allow("k", 0.0).await,
+        "the probe is decided by Redis"
+    );
     assert_eq!(fake.calls(), 4);
     let stats = closed.circuit_stats();
     assert!(!stats.open);
@@ -253,7 +266,10 @@ async fn a_killed_server_costs_calls_no_round_trip() {
             tokio::spawn(async move {
                 let mut i = 0u64;
                 while !stop.load(Relaxed) {
-                    if limiter.allow(&format!("t{t}:{}", i % 100), keyrate::Now).await {
+                    if limiter
+                        .allow(&format!("t{t}:{}", i % 100), keyrate::Now)
+                        .await
+                    {
                         admitted.fetch_add(1, Relaxed);
                     }
                     i += 1;
@@ -294,7 +310,10 @@ async fn a_killed_server_costs_calls_no_round_trip() {
         probes <= elapsed.as_millis() as u64 / interval_ms + 2,
         "{probes} probes in {elapsed:?}"
     );
-    assert!(fast >= 2000 - probes, "{fast} fast failures, {probes} probes");
+    assert!(
+        fast >= 2000 - probes,
+        "{fast} fast failures, {probes} probes"
+    );
     assert!(limiter.stats().backend_errors - errors_before >= 2000);
 
     // Back on the same port: admissions resume.
@@ -352,7 +371,10 @@ async fn outage_recovery_time() {
                 let mut i = 0u64;
                 while !stop.load(Relaxed) {
                     let started = Instant::now();
-                    match limiter.check(&format!("t{t}:{}", i % 100), keyrate::Now, 1).await {
+                    match limiter
+                        .check(&format!("t{t}:{}", i % 100), keyrate::Now, 1)
+                        .await
+                    {
                         Ok(_) => last.store(origin.elapsed().as_nanos() as u64, Relaxed),
                         Err(_) => {
                             failures.fetch_add(1, Relaxed);

@@ -30,7 +30,10 @@ async fn a_reset_key_admits_a_full_burst_again() {
     l.set_quota(quota(1e-9, 5)); // the mistake: 32 years a token
     assert!(l.allow_n("k", 0.0, 5).await);
     l.set_quota(quota(1.0, 5)); // reverted
-    assert!(!l.allow("k", 1e6).await, "still empty: the time until full is kept");
+    assert!(
+        !l.allow("k", 1e6).await,
+        "still empty: the time until full is kept"
+    );
     assert_eq!(l.remaining("k", 1e6).await.unwrap(), 0);
     assert!(l.reset("k").await.unwrap());
     // The local mirror held the centuries-long bound: it forgot it.
@@ -105,11 +108,16 @@ async fn reset_all_refills_the_namespace_only() {
     assert!(!l.allow("k0", 0.0).await);
     assert_eq!(l.reset_all().await.unwrap(), KEYS as u64);
     let mut conn = raw(&url().unwrap()).await;
-    assert!(redis_support::keys(&mut conn, l.bucket_key_prefix()).await.is_empty());
+    assert!(redis_support::keys(&mut conn, l.bucket_key_prefix())
+        .await
+        .is_empty());
     for k in ["k0", "k1", "k2499"] {
         assert!(l.allow(k, 0.0).await, "{k} full again");
     }
-    assert!(!other.allow("k0", 0.0).await, "another namespace is untouched");
+    assert!(
+        !other.allow("k0", 0.0).await,
+        "another namespace is untouched"
+    );
     assert_eq!(l.reset_all().await.unwrap(), 3);
 }
 

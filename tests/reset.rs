@@ -40,7 +40,10 @@ fn a_reset_key_admits_a_full_burst_again() {
     assert!(!limiter.allow("inline", 0.0));
     assert!(!handle.allow(0.0));
     assert!(!limiter.reset("never-seen"));
-    assert_eq!(limiter.check("hot", 0.0, 1).unwrap_err().retry_after(), Some(Duration::from_secs(1)));
+    assert_eq!(
+        limiter.check("hot", 0.0, 1).unwrap_err().retry_after(),
+        Some(Duration::from_secs(1))
+    );
 }
 
 #[test]
@@ -129,7 +132,9 @@ fn resets_racing_spends_never_corrupt_a_bucket() {
         });
         // The resetter.
         for epoch in 1..=RESETS {
-            until("the epoch's burst spent", || tokens.load(Relaxed) >= CAPACITY * epoch);
+            until("the epoch's burst spent", || {
+                tokens.load(Relaxed) >= CAPACITY * epoch
+            });
             assert_eq!(tokens.load(Relaxed), CAPACITY * epoch, "a token minted");
             match epoch % 3 {
                 0 => assert!(limiter.reset("hot")),
@@ -143,7 +148,9 @@ fn resets_racing_spends_never_corrupt_a_bucket() {
                 cold_resets.fetch_add(1, Relaxed);
             }
         }
-        until("the last burst spent", || tokens.load(Relaxed) >= CAPACITY * (RESETS + 1));
+        until("the last burst spent", || {
+            tokens.load(Relaxed) >= CAPACITY * (RESETS + 1)
+        });
         stop.store(true, Relaxed);
     });
     assert_eq!(tokens.load(Relaxed), CAPACITY * (RESETS + 1));
@@ -157,5 +164,7 @@ fn resets_racing_spends_never_corrupt_a_bucket() {
     assert!(limiter.reset("hot"));
     assert!(limiter.allow_n("hot", 1.0, CAPACITY - 1));
     assert!(handle.allow(1.0));
-    assert!(!limiter.under(&Quota::new(1.0, CAPACITY).unwrap()).allow("hot", 1.0));
+    assert!(!limiter
+        .under(&Quota::new(1.0, CAPACITY).unwrap())
+        .allow("hot", 1.0));
 }

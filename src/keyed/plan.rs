@@ -156,7 +156,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     {
         if let Err(SpendError::Moved) = bucket.reset() {
             let reset = self.moved.read(key, |moved| moved.bucket.reset());
-            debug_assert!(matches!(reset, Some(Ok(()))), "a MOVED entry without its bucket");
+            debug_assert!(
+                matches!(reset, Some(Ok(()))),
+                "a MOVED entry without its bucket"
+            );
         }
     }
 }

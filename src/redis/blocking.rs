@@ -115,7 +115,10 @@ impl RedisLimiter<BlockingConnection> {
     }
 
     /// One command over the connection (see [`run`](Self::run)).
-    pub(super) fn query_blocking(&self, cmd: &::redis::Cmd) -> Result<::redis::Value, RedisLimiterError> {
+    pub(super) fn query_blocking(
+        &self,
+        cmd: &::redis::Cmd,
+    ) -> Result<::redis::Value, RedisLimiterError> {
         self.run(|connection| cmd.query(connection).map_err(RedisLimiterError::from))
     }
 

@@ -146,11 +146,10 @@ where
         let pass = breaker.admit(breaker.now())?;
         let invocation = self.settings.invocation(&call);
         let mut connection = self.connection.clone();
-        let answer =
-            tokio::time::timeout_at(deadline, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| RedisLimiterError::timeout(timeout))
-                .and_then(|answer| answer.map_err(RedisLimiterError::from));
+        let answer = tokio::time::timeout_at(deadline, invocation.invoke_async(&mut connection))
+            .await
+            .map_err(|_| RedisLimiterError::timeout(timeout))
+            .and_then(|answer| answer.map_err(RedisLimiterError::from));
         breaker.record(pass, answered(&answer), breaker.now());
         self.settings.finish(&call, answer)
     }

@@ -255,7 +255,10 @@ mod tests {
     #[test]
     fn the_encoding_keeps_safe_bytes_and_escapes_the_rest() {
         assert_eq!(encoded("sk_live-1.a:b"), "sk_live-1.a:b");
-        assert_eq!(encoded("{x}|#%*?[]\\ é"), "%7Bx%7D%7C%23%25%2A%3F%5B%5D%5C%20%C3%A9");
+        assert_eq!(
+            encoded("{x}|#%*?[]\\ é"),
+            "%7Bx%7D%7C%23%25%2A%3F%5B%5D%5C%20%C3%A9"
+        );
     }
 
     #[test]
@@ -273,7 +276,11 @@ mod tests {
         // The same settings name a key the same way in every process.
         let again = Names::new("rl", KeyNames::Hashed(secret), false);
         assert_eq!(hashed.bucket_key("k"), again.bucket_key("k"));
-        let other = Names::new("rl", KeyNames::Hashed(KeySecret::new([2; 16]).unwrap()), false);
+        let other = Names::new(
+            "rl",
+            KeyNames::Hashed(KeySecret::new([2; 16]).unwrap()),
+            false,
+        );
         assert_ne!(hashed.bucket_key("k"), other.bucket_key("k"));
     }
 

@@ -45,7 +45,9 @@ impl Settings {
 
 /// `CLUSTER INFO`'s answer tells a cluster (or one node of it) from a
 /// standalone Redis, which refuses the command.
-fn refuse_cluster(answer: Result<::redis::Value, ::redis::RedisError>) -> Result<(), RedisLimiterError> {
+fn refuse_cluster(
+    answer: Result<::redis::Value, ::redis::RedisError>,
+) -> Result<(), RedisLimiterError> {
     match answer {
         Ok(_) => Err(RedisLimiterError::config(
             "reset_all over a Redis Cluster connection would scan one node: use \
