@@ -292,13 +292,13 @@ mod tests {
         }
         // Opened at 2 ms: the first probe from 52 ms.
         assert!(b.admit(at(51)).is_err());
-        let probe = b.admit(at(52)).ok().expect("the probe");
+        let probe = b.admit(at(52)).expect("the probe");
         assert!(matches!(probe, Pass::Probe(_)));
         assert!(b.admit(at(53)).is_err(), "one probe at a time");
         // The probe fails: open for another 50 ms from when it ended.
         b.record(probe, false, at(60));
         assert!(b.admit(at(109)).is_err());
-        let probe = b.admit(at(110)).ok().expect("the next probe");
+        let probe = b.admit(at(110)).expect("the next probe");
         b.record(probe, true, at(111));
         let stats = b.stats();
         assert!(!stats.open);
@@ -315,7 +315,7 @@ mod tests {
         for ms in 0..3 {
             call(&b, ms, false);
         }
-        let probe = b.admit(at(100)).ok().expect("the probe");
+        let probe = b.admit(at(100)).expect("the probe");
         drop(probe);
         assert!(matches!(b.admit(at(100)), Ok(Pass::Probe(_))));
     }
@@ -323,8 +323,8 @@ mod tests {
     #[test]
     fn a_late_answer_closes_it_and_late_failures_do_nothing() {
         let b = breaker();
-        let slow = b.admit(at(0)).ok().unwrap();
-        let late_failure = b.admit(at(0)).ok().unwrap();
+        let slow = b.admit(at(0)).unwrap();
+        let late_failure = b.admit(at(0)).unwrap();
         for ms in 1..4 {
             call(&b, ms, false);
         }
