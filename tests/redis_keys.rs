@@ -136,3 +136,11 @@ fn a_secret_never_prints_and_must_be_long_enough() {
     assert_eq!(err.kind(), keyrate::RedisErrorKind::Config);
     println!("{err}");
 }
+
+#[test]
+fn new_public_types_are_send_sync_debug() {
+    fn check<T: Send + Sync + std::fmt::Debug>() {}
+    check::<KeySecret>();
+    check::<KeyNames>();
+    check::<keyrate::CircuitStats>();
+}

@@ -286,7 +286,8 @@ impl<C> RedisLimiter<C> {
     /// 65,536); 0 turns the mirror off, so that every call asks Redis.
     ///
     /// The mirror keeps, per key, the word Redis last showed this limiter
-    /// (and its clones): Redis's word only grows, so a call that this lower
+    /// (and its clones): Redis's word only grows (but for resets and lost
+    /// keys, see [`with_mirror_refresh`](Self::with_mirror_refresh)), so a call that this lower
     /// bound already denies is denied without a round trip, with the same
     /// decision Redis would make. Only calls the bound admits go to Redis.
     /// With the caller's timestamps the decisions are exactly those of the
@@ -422,6 +423,21 @@ impl<C> RedisLimiter<C> {
     /// The circuit breaker's state and counters (this limiter and its
     /// clones): whether it is open, how often it opened, the calls it
     /// failed fast, and its probes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// let circuit = limiter.circuit_stats();
+    /// assert!(!circuit.open);
+    /// assert_eq!((circuit.trips, circuit.fast_failures, circuit.probes), (0, 0, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn circuit_stats(&self) -> CircuitStats {
         self.settings.breaker.stats()
@@ -507,6 +523,20 @@ impl<C> RedisLimiter<C> {
     /// What every bucket name of this limiter starts with: the namespace
     /// and its separator. It holds no glob character, so
     /// `SCAN 0 MATCH <prefix>*` lists exactly this namespace's buckets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_prefix("rl");
+    /// assert_eq!(limiter.bucket_key_prefix(), "rl|");
+    /// assert_eq!(limiter.clone().with_hash_tag(true).bucket_key_prefix(), "{rl}|");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn bucket_key_prefix(&self) -> &str {
         self.settings.names.head()
@@ -514,6 +544,20 @@ impl<C> RedisLimiter<C> {
 
     /// The namespace, as given to [`with_namespace`](Self::with_namespace)
     /// (or the private one made for this limiter).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// assert!(limiter.namespace().starts_with("keyrate-private-"));
+    /// assert_eq!(limiter.with_prefix("rl:api").namespace(), "rl:api");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn namespace(&self) -> &str {
         self.settings.names.namespace()

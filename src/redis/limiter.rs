@@ -20,8 +20,11 @@ use std::future::Future;
 /// cost above the capacity is never admitted, bad timestamps change
 /// nothing, backwards time never creates tokens), made atomically inside
 /// Redis by one Lua script per call, on one Redis key per bucket
-/// (`prefix + key`), so each call touches a single hash slot and the
-/// limiter works on Redis Cluster.
+/// (its namespace, then the key hashed or encoded: see
+/// [`with_namespace`](Self::with_namespace)), so each call touches a
+/// single hash slot and the limiter works on Redis Cluster. A limiter
+/// left unnamed shares no bucket with any other limiter: name the
+/// namespace in every process that must share a budget.
 ///
 /// Its calls are [`AsyncLimiter`]'s (import it); the blocking twin,
 /// [`BlockingRedisLimiter`](crate::BlockingRedisLimiter), is this type over

@@ -17,7 +17,9 @@
 //! (connecting and configuring), `script.rs` (the script's arguments and
 //! reply), `call.rs` (the I/O-free core: prepare a call, finish it from the
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
-//! ends), `mirror.rs` (the local deny mirror), `error.rs`.
+//! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
+//! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
+//! (resets), `error.rs`.
 
 mod blocking;
 mod breaker;
