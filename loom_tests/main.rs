@@ -27,6 +27,7 @@
 //! | `sweep_handoff.rs` | model 9: the automatic sweep handed between creations |
 //! | `counters.rs` | model 10: the counters' single-writer stripes and thread slots |
 //! | `hot_keys.rs` | model 11: a hot-key cache's spend racing a sweep |
+//! | `reset.rs` | model 12: a reset racing spends and the sweep's retirement |
 #![cfg(loom)]
 
 mod support;
@@ -38,6 +39,7 @@ mod eviction;
 mod first_use;
 mod hot_keys;
 mod live_quota;
+mod reset;
 mod same_instant;
 mod sweep_handoff;
 mod timestamps;

@@ -63,9 +63,11 @@ pub(crate) struct Bucket {
     /// `full_at`: the instant, in nanoseconds of the caller's timeline, at
     /// which this bucket holds `capacity` tokens again (see `gcra`): a
     /// [`Nanos`] as its `u64`, converted where it is loaded. Values
-    /// `0..=2^64 - 3` are live and only ever grow; [`RETIRED`] marks a
-    /// bucket that eviction has taken out of its map and [`MOVED`] an
-    /// entry whose bucket moved to an `Arc`; both are final.
+    /// `0..=2^64 - 3` are live and only grow, except that an operator's
+    /// [`reset`](Self::reset) sets them back to 0 (full); [`RETIRED`]
+    /// marks a bucket that eviction has taken out of its map and [`MOVED`]
+    /// an entry whose bucket moved to an `Arc`; both are final, and a reset
+    /// never touches them.
     full_at: AtomicU64,
 }
 
@@ -146,6 +148,41 @@ impl Bucket {
         // Relaxed: the shard lock's release orders this store before any
         // later reader of the entry; `swap` returns the value moved.
         self.full_at.swap(MOVED, Ordering::Relaxed)
+    }
+
+    /// Sets the bucket back to full (the word 0), as if its key had never
+    /// been seen: the operator's undo of a lock-out. A marker word is left
+    /// as it is: `Retired` (the bucket was full and evicted: its key is
+    /// full already) or `Moved` (reset the moved bucket instead).
+    ///
+    /// The one write that makes a live word smaller. Every other reader
+    /// stays exact, because none of them relies on the word growing: a
+    /// spend decides on the value its compare-and-swap checks, so one
+    /// racing a reset either lands first (and the reset then erases it:
+    /// the spend, then the reset) or fails its compare-and-swap and
+    /// decides again on the full bucket; eviction retires only a word that
+    /// is full at its instant, and a reset only makes a word fuller.
+    pub(crate) fn reset(&self) -> Result<(), SpendError> {
+        // Relaxed, as in `spend`: the compare-exchange alone orders a reset
+        // against racing spends and retirements, on this one word.
+        let mut current = self.full_at.load(Ordering::Relaxed);
+        loop {
+            match current {
+                RETIRED => return Err(SpendError::Retired),
+                MOVED => return Err(SpendError::Moved),
+                0 => return Ok(()),
+                _ => {}
+            }
+            match self.full_at.compare_exchange_weak(
+                current,
+                0,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// The current word (possibly a marker).

@@ -108,8 +108,8 @@ pub use crate::observe::{
 };
 #[cfg(feature = "redis")]
 pub use crate::redis::{
-    BlockingConnection, BlockingRedisLimiter, FailurePolicy, RedisDenial, RedisErrorKind,
-    RedisLimiter, RedisLimiterError, DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT,
+    BlockingConnection, BlockingRedisLimiter, CircuitStats, FailurePolicy, KeyNames, KeySecret,
+    RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

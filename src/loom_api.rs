@@ -66,6 +66,15 @@ impl Bucket {
             })
     }
 
+    /// The real reset: compare-and-swap to 0 (full) unless a marker.
+    pub fn reset(&self) -> Result<(), SpendError> {
+        self.0.reset().map_err(|err| match err {
+            bucket::SpendError::Denied(denial) => SpendError::Denied(denial),
+            bucket::SpendError::Retired => SpendError::Retired,
+            bucket::SpendError::Moved => SpendError::Moved,
+        })
+    }
+
     /// The current word (possibly [`RETIRED`]).
     pub fn word(&self) -> u64 {
         self.0.word()

@@ -444,3 +444,83 @@ async fn failover(urls: &[String], hang: bool) {
         panic!("not admitted on the new master: {err}");
     }
 }
+
+/// A key's braces do not pick its slot (they are encoded), and a limiter
+/// that asks for one slot gets all its buckets on one master, by the hash
+/// tag made from its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_namespace_picks_a_slot() {
+    let urls = cluster_urls();
+    let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
+    let quota = Quota::new(1.0, 3).unwrap();
+    let spread = RedisLimiter::with_connection(cluster(&urls).await, quota)
+        .with_prefix(unique_prefix("cluster_tags"))
+        .with_timeout(TEST_TIMEOUT);
+    let one_slot = spread
+        .clone()
+        .with_prefix(unique_prefix("cluster_one_slot"))
+        .with_hash_tag(true);
+    let mut any = node(&urls[0]).await;
+    assert!(
+        slots_of(&spread, &mut any).await > 16,
+        "a key's braces picked its slot"
+    );
+    assert_eq!(
+        slots_of(&one_slot, &mut any).await,
+        1,
+        "the namespace's hash tag is one slot"
+    );
+}
+
+/// The slots of 32 keys that all name the same hash tag.
+async fn slots_of(
+    limiter: &RedisLimiter<redis::cluster_async::ClusterConnection>,
+    any: &mut MultiplexedConnection,
+) -> usize {
+    let mut slots = HashSet::new();
+    for i in 0..32 {
+        let key = format!("{{victim}}:{i}");
+        assert!(limiter.allow(&key, unix_now()).await);
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(limiter.bucket_key(&key))
+            .query_async(any)
+            .await
+            .unwrap();
+        slots.insert(slot);
+    }
+    slots.len()
+}
+
+/// `reset_all` would scan one node of a cluster: it refuses, and
+/// `reset_all_cluster` resets every master's buckets of the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_all_cluster_reaches_every_master() {
+    let urls = cluster_urls();
+    let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
+    let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 1).unwrap())
+        .with_prefix(unique_prefix("cluster_reset"))
+        .with_min_ttl(Duration::from_secs(3600))
+        .with_timeout(TEST_TIMEOUT);
+    let other = limiter
+        .clone()
+        .with_prefix(unique_prefix("cluster_reset_other"));
+    for i in 0..64 {
+        assert!(limiter.allow(&format!("k{i}"), 0.0).await);
+    }
+    assert!(other.allow("k0", 0.0).await);
+    let err = limiter.reset_all().await.unwrap_err();
+    assert_eq!(err.kind(), RedisErrorKind::Config);
+    assert!(limiter.reset("k1").await.unwrap());
+    assert_eq!(limiter.reset_all_cluster().await.unwrap(), 63);
+    for i in 0..64 {
+        assert!(
+            limiter.allow(&format!("k{i}"), 0.0).await,
+            "k{i} full again"
+        );
+    }
+    assert!(
+        !other.allow("k0", 0.0).await,
+        "another namespace is untouched"
+    );
+}

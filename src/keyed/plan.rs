@@ -17,8 +17,10 @@
 //! the same rule with the same word (its TTL is the time until full).
 
 use super::{BucketHandle, TokenBucketLimiter};
+use crate::bucket::{Bucket, SpendError};
 use crate::gcra::Quota;
 use crate::under::Under;
+use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
 /// # Changing the default quota
@@ -64,5 +66,122 @@ impl BucketHandle {
     #[must_use]
     pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
         Under::new(self, *quota)
+    }
+}
+
+/// # Undoing a lock-out: resets
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Refills `key`'s bucket: the next calls see it full, as if the key
+    /// had never been seen, whatever quota and spends came before. Returns
+    /// whether the key had a bucket.
+    ///
+    /// The operator's undo of a lock-out: a quota set by mistake leaves
+    /// active keys' buckets empty for as long as that quota takes to
+    /// refill them, and reverting the quota does not help (a bucket keeps
+    /// its time until full). Handles and the threads that cache the key
+    /// see the reset at once (they share the bucket). A spend racing the
+    /// reset either comes first (and is erased with the rest) or sees the
+    /// full bucket; none is lost half-way.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes the key's shard's write lock (and the side map's, for a key
+    /// with a handle or a hot-key cache entry), as a keyed call does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, TokenBucketLimiter};
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 3);
+    /// limiter.set_quota(Quota::new(1e-9, 3).unwrap()); // a mistake: 32 years a token
+    /// assert!(limiter.allow_n("k", 0.0, 3));
+    /// limiter.set_quota(Quota::new(1.0, 3).unwrap()); // reverted...
+    /// assert_eq!(limiter.remaining("k", 1e6), Ok(0)); // ...still empty
+    /// assert!(limiter.reset("k"));
+    /// assert_eq!(limiter.remaining("k", 0.0), Ok(3));
+    /// assert!(!limiter.reset("never-seen"));
+    /// ```
+    pub fn reset<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.buckets.hash(key);
+        self.buckets
+            .update(hash, key, |bucket| self.reset_entry(key, bucket))
+            .is_some()
+    }
+
+    /// Refills every bucket (see [`reset`](Self::reset)); returns how many
+    /// buckets there were. Calls that run meanwhile are decided before or
+    /// after their key's reset.
+    ///
+    /// # Locking behaviour
+    ///
+    /// Takes each shard's write lock in turn, as [`sweep`](Self::sweep)
+    /// does.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let limiter = TokenBucketLimiter::new(1.0, 1);
+    /// let handle = limiter.bucket("a");
+    /// assert!(handle.allow(0.0));
+    /// assert!(limiter.allow("b", 0.0));
+    /// assert_eq!(limiter.reset_all(), 2);
+    /// assert!(handle.allow(0.0));
+    /// assert!(limiter.allow("b", 0.0));
+    /// ```
+    pub fn reset_all(&self) -> usize {
+        let mut buckets = 0;
+        self.buckets.retain(|key, bucket| {
+            self.reset_entry(key, bucket);
+            buckets += 1;
+            true
+        });
+        buckets
+    }
+
+    /// Resets the bucket of `key`'s entry, held under its shard's write
+    /// lock, or the moved bucket the entry stands for (lock order: the
+    /// shard, then `moved`). Under that lock no sweep can retire the moved
+    /// bucket, and a map entry is never retired in place.
+    fn reset_entry<Q>(&self, key: &Q, bucket: &Bucket)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Err(SpendError::Moved) = bucket.reset() {
+            let reset = self.moved.read(key, |moved| moved.bucket.reset());
+            debug_assert!(
+                matches!(reset, Some(Ok(()))),
+                "a MOVED entry without its bucket"
+            );
+        }
+    }
+}
+
+/// # Undoing a lock-out on a handle's bucket
+impl BucketHandle {
+    /// Refills this handle's bucket, as
+    /// [`TokenBucketLimiter::reset`] does for its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::TokenBucketLimiter;
+    ///
+    /// let handle = TokenBucketLimiter::new(1.0, 2).bucket("k");
+    /// assert!(handle.allow_n(0.0, 2));
+    /// handle.reset();
+    /// assert_eq!(handle.remaining(0.0), Ok(2));
+    /// ```
+    pub fn reset(&self) {
+        // A handle's bucket is pinned, so never retired, and moves no more.
+        let reset = self.bucket.reset();
+        debug_assert!(reset.is_ok(), "a handle's bucket was retired");
     }
 }

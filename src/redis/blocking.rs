@@ -1,6 +1,7 @@
 //! The blocking twin of the async limiter: [`RedisLimiter`] over a plain
 //! connection, for threads that are not in an async runtime.
 
+use super::breaker::answered;
 use super::call::Outcome;
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
@@ -101,7 +102,56 @@ impl RedisLimiter<BlockingConnection> {
             Ok(call) => call,
             Err(denial) => return Ok(Err(denial)),
         };
+        let breaker = &self.settings.breaker;
+        let pass = breaker.admit(breaker.now())?;
         let invocation = self.settings.invocation(&call);
+        let answer = self.run(|connection| {
+            invocation
+                .invoke(connection)
+                .map_err(RedisLimiterError::from)
+        });
+        breaker.record(pass, answered(&answer), breaker.now());
+        self.settings.finish(&call, answer)
+    }
+
+    /// One command over the connection (see [`run`](Self::run)).
+    pub(super) fn query_blocking(
+        &self,
+        cmd: &::redis::Cmd,
+    ) -> Result<::redis::Value, RedisLimiterError> {
+        self.run(|connection| cmd.query(connection).map_err(RedisLimiterError::from))
+    }
+
+    /// `CLUSTER INFO`'s answer, to tell a cluster node from a standalone
+    /// Redis.
+    pub(super) fn cluster_info_blocking(&self) -> Result<::redis::Value, ::redis::RedisError> {
+        let mut answer = None;
+        let _ = self.run(|connection| {
+            let result = ::redis::cmd("CLUSTER").arg("INFO").query(connection);
+            let failed = result.as_ref().is_err_and(|err| {
+                err.is_io_error() || err.is_timeout() || err.is_connection_dropped()
+            });
+            answer = Some(result);
+            if failed {
+                Err(RedisLimiterError::timeout(self.settings.timeout))
+            } else {
+                Ok(())
+            }
+        });
+        answer.unwrap_or_else(|| {
+            Err(::redis::RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::NotConnected,
+            )))
+        })
+    }
+
+    /// Runs `f` on the open connection, opening one first if there is
+    /// none (or it was opened under another timeout); drops it after a
+    /// failure that may have left it broken or holding a late answer.
+    fn run<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, RedisLimiterError>,
+    ) -> Result<T, RedisLimiterError> {
         let mut slot = self.connection.open.lock();
         // A connection opened under another timeout is replaced.
         if slot
@@ -114,11 +164,7 @@ impl RedisLimiter<BlockingConnection> {
             Some(open) => Ok(open),
             None => self.open().map(|open| slot.insert(open)),
         }
-        .and_then(|(connection, _)| {
-            invocation
-                .invoke(connection)
-                .map_err(RedisLimiterError::from)
-        });
+        .and_then(|(connection, _)| f(connection));
         // After a socket error or a timeout the connection may be broken or
         // hold a late answer: start afresh next time.
         if answer
@@ -127,8 +173,7 @@ impl RedisLimiter<BlockingConnection> {
         {
             *slot = None;
         }
-        drop(slot);
-        self.settings.finish(&call, answer)
+        answer
     }
 
     fn open(&self) -> Result<(Connection, Duration), RedisLimiterError> {

@@ -1,10 +1,12 @@
 //! Making and configuring a Redis limiter, async or blocking: connecting,
-//! and the settings it carries (prefix, deadline, TTL floor, mirror,
+//! and the settings it carries (namespace, deadline, TTL floor, mirror,
 //! failure policy), written once for both: they are one type,
 //! [`RedisLimiter`], over two kinds of connection.
 
-use super::error::{FailurePolicy, RedisLimiterError};
+use super::breaker::{Breaker, CircuitStats};
+use super::error::{FailurePolicy, RedisErrorKind, RedisLimiterError};
 use super::limiter::RedisLimiter;
+use super::names::{KeyNames, Names};
 use super::settings::{Settings, DEFAULT_REDIS_TIMEOUT};
 use crate::gcra::Quota;
 use crate::observe::Stats;
@@ -18,10 +20,15 @@ impl RedisLimiter<ConnectionManager> {
     /// lost connection.
     ///
     /// Each connection attempt and each answer times out after
-    /// [`DEFAULT_REDIS_TIMEOUT`]; a failed attempt is retried 3 times with
-    /// exponential backoff before this returns an error. Use
-    /// [`with_connection`](Self::with_connection) to configure the
-    /// connection yourself.
+    /// [`DEFAULT_REDIS_TIMEOUT`]; a failed first connection is retried 3
+    /// times, 100, 200 and 400 ms apart, before this returns an error.
+    /// After a lost connection the manager reconnects on the next call,
+    /// one attempt per call and no backoff of its own: the limiter's
+    /// circuit breaker ([`with_circuit_breaker`](Self::with_circuit_breaker))
+    /// paces the attempts while Redis is down, so that calls fail fast
+    /// meanwhile and a Redis that answers again is found within one
+    /// probe interval. Use [`with_connection`](Self::with_connection) to
+    /// configure the connection yourself.
     ///
     /// # Errors
     ///
@@ -44,13 +51,29 @@ impl RedisLimiter<ConnectionManager> {
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<Self, RedisLimiterError> {
         let client = ::redis::Client::open(url)?;
+        // No retries inside the manager: a reconnection that retried with
+        // backoff (redis-rs sleeps a second or more between attempts) would
+        // hold every call waiting on it, and find a restarted Redis only
+        // at its next attempt.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(DEFAULT_REDIS_TIMEOUT)
             .set_response_timeout(DEFAULT_REDIS_TIMEOUT)
-            .set_number_of_retries(3)
-            .set_max_delay(1000);
-        let connection = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self::with_connection(connection, quota))
+            .set_number_of_retries(0);
+        let mut delay = Duration::from_millis(100);
+        for retry in 0.. {
+            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+                Ok(connection) => return Ok(Self::with_connection(connection, quota)),
+                Err(err) => {
+                    let err = RedisLimiterError::from(err);
+                    if retry == 3 || err.kind() == RedisErrorKind::Config {
+                        return Err(err);
+                    }
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+        unreachable!("the loop returns")
     }
 }
 
@@ -89,9 +112,63 @@ where
 
 /// # Settings, for the async and the blocking limiter alike
 impl<C> RedisLimiter<C> {
-    /// Sets the prefix of every bucket's Redis key (default
-    /// [`DEFAULT_REDIS_PREFIX`](crate::DEFAULT_REDIS_PREFIX)). On Redis Cluster a prefix such as
-    /// `"{tenant7}:"` puts every bucket of the limiter in one hash slot.
+    /// Names this limiter's buckets in Redis: `namespace`, then each key
+    /// as `keys` says. **Limiters share buckets exactly when they have the
+    /// same namespace, the same [`KeyNames`] (the same secret) and the
+    /// same hash tag setting**: give every process that must share a
+    /// budget the same three, and every other limiter on the same Redis
+    /// another namespace.
+    ///
+    /// Without this call a limiter has a namespace of its own,
+    /// `keyrate-private-` and 64 random bits, with keys hashed under a
+    /// random secret: it shares with its clones and nothing else, so two
+    /// limiters never share a bucket by accident (they used to, on the
+    /// default prefix), and no key shows in Redis. A limiter that several
+    /// processes share must be named.
+    ///
+    /// The name of a bucket is the namespace, percent-encoded, then `#`
+    /// and the key's keyed hash ([`KeyNames::Hashed`]) or `|` and the key
+    /// percent-encoded ([`KeyNames::Encoded`]). The encoding keeps
+    /// `A-Z a-z 0-9 - _ . :` and turns every other byte into `%XX`, braces
+    /// included: no namespace and no key can end another's name early (so
+    /// `"rl:"` + `"tts:x"` and `"rl:tts:"` + `"x"` are different buckets),
+    /// and no key can choose its Redis Cluster hash slot (see
+    /// [`with_hash_tag`](Self::with_hash_tag) for a deliberate one).
+    /// [`bucket_key`](Self::bucket_key) tells the name of a key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{KeyNames, KeySecret, Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// # std::env::set_var("KEYRATE_KEY_SECRET", "0123456789abcdef0123456789abcdef");
+    /// let secret = KeySecret::new(std::env::var("KEYRATE_KEY_SECRET")?)?; // the same everywhere
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_namespace("rl:api", KeyNames::Hashed(secret));
+    /// assert!(limiter.bucket_key("sk_live_1").starts_with("rl:api#"));
+    /// assert!(!limiter.bucket_key("sk_live_1").contains("sk_live_1"));
+    ///
+    /// let readable = limiter.clone().with_namespace("rl:tts", KeyNames::Encoded);
+    /// assert_eq!(readable.bucket_key("sk {live} 1"), "rl:tts|sk%20%7Blive%7D%201");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_namespace(mut self, namespace: impl AsRef<str>, keys: KeyNames) -> Self {
+        let hash_tag = self.settings.names.hash_tag();
+        self.settings
+            .set_names(Names::new(namespace.as_ref(), keys, hash_tag));
+        self
+    }
+
+    /// [`with_namespace`](Self::with_namespace)`(prefix, KeyNames::Encoded)`:
+    /// a shared namespace whose bucket names show the keys, percent-encoded.
+    /// Kept for code written before namespaces, when a bucket's name was
+    /// the prefix and the raw key.
     ///
     /// # Examples
     ///
@@ -103,13 +180,44 @@ impl<C> RedisLimiter<C> {
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_prefix("rl:tts:");
-    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:sk_live_1");
+    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:|sk_live_1");
     /// # Ok(())
     /// # }
     /// ```
     #[must_use]
-    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.settings.set_prefix(prefix.into());
+    pub fn with_prefix(self, prefix: impl AsRef<str>) -> Self {
+        self.with_namespace(prefix, KeyNames::Encoded)
+    }
+
+    /// Puts every bucket of this limiter in one Redis Cluster hash slot
+    /// (default off): the bucket names start with the namespace in braces,
+    /// `{namespace}`, a hash tag, so a cluster keeps them all on the
+    /// master that owns that slot. Only the namespace can be a hash tag:
+    /// braces in a key (or in the namespace) are encoded. Use it when
+    /// something must see all of a limiter's buckets on one node (a
+    /// `SCAN` of one node, a script over several buckets); it puts the
+    /// limiter's whole load on that one master. It changes every name, so
+    /// all the processes sharing the namespace must agree on it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_prefix("tenant7")
+    ///     .with_hash_tag(true);
+    /// assert_eq!(limiter.bucket_key("{k}"), "{tenant7}|%7Bk%7D");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_hash_tag(mut self, on: bool) -> Self {
+        let names = self.settings.names.with_hash_tag(on);
+        self.settings.set_names(names);
         self
     }
 
@@ -178,7 +286,8 @@ impl<C> RedisLimiter<C> {
     /// 65,536); 0 turns the mirror off, so that every call asks Redis.
     ///
     /// The mirror keeps, per key, the word Redis last showed this limiter
-    /// (and its clones): Redis's word only grows, so a call that this lower
+    /// (and its clones): Redis's word only grows (but for resets and lost
+    /// keys, see [`with_mirror_refresh`](Self::with_mirror_refresh)), so a call that this lower
     /// bound already denies is denied without a round trip, with the same
     /// decision Redis would make. Only calls the bound admits go to Redis.
     /// With the caller's timestamps the decisions are exactly those of the
@@ -210,6 +319,40 @@ impl<C> RedisLimiter<C> {
         self
     }
 
+    /// Sets how long the local deny mirror denies with a bound after the
+    /// call that showed it was sent (default 1 s); then the next call on
+    /// the key goes to Redis and refreshes it.
+    ///
+    /// A bound is a lower bound of the word in Redis only while that word
+    /// does not fall, and it falls when another process
+    /// [`reset`](Self::reset)s the key (or Redis loses it: a restart
+    /// without persistence, `FLUSHALL`, a failover to a replica that
+    /// lagged). This limiter cannot see that without a round trip, so it
+    /// may deny such a key for up to this long after the fall, and never
+    /// longer. A hammered key costs one more round trip per period. This
+    /// limiter's own resets (and its clones') forget the bound at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_mirror_refresh(Duration::from_millis(200));
+    /// # let _ = limiter;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_mirror_refresh(mut self, refresh: Duration) -> Self {
+        self.settings.set_mirror_refresh(refresh);
+        self
+    }
+
     /// Sets what every deciding call answers when Redis cannot decide
     /// (default [`FailurePolicy::Closed`]; see [`FailurePolicy`]).
     ///
@@ -231,6 +374,73 @@ impl<C> RedisLimiter<C> {
     pub fn with_failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.settings.failure_policy = policy;
         self
+    }
+
+    /// Sets the circuit breaker (default: opens after 5 round trips in a
+    /// row failed for want of Redis, probes every 50 ms; `failures` 0
+    /// turns it off).
+    ///
+    /// After `failures` consecutive round trips that failed with
+    /// [`Unavailable`](crate::RedisErrorKind::Unavailable) or
+    /// [`Timeout`](crate::RedisErrorKind::Timeout), the breaker opens:
+    /// every call that needs Redis is decided by the
+    /// [`FailurePolicy`] at once, without a round trip, with an error whose
+    /// [`is_circuit_open`](crate::RedisLimiterError::is_circuit_open) is
+    /// true (counted in [`Stats::backend_errors`] like any failure, and in
+    /// [`circuit_stats`](Self::circuit_stats)). From `probe_every` after it
+    /// opened, one call at a time goes to Redis as a probe, at most one per
+    /// `probe_every`; the first that Redis answers closes the breaker. So
+    /// an outage costs the calls made meanwhile nothing but their answer,
+    /// and a Redis that answers again is used within about `probe_every`
+    /// plus a round trip. The local deny mirror works on regardless. Any
+    /// answer from Redis (a script error included) counts as Redis being
+    /// up. The breaker is one per limiter and its clones, not one per
+    /// node: on Redis Cluster a master that is down opens it only when the
+    /// round trips to it come in a row (the Redis Cluster section of
+    /// `docs/redis.md`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
+    ///     .await?
+    ///     .with_circuit_breaker(3, Duration::from_millis(20));
+    /// assert!(!limiter.circuit_stats().open);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_circuit_breaker(mut self, failures: u32, probe_every: Duration) -> Self {
+        self.settings.breaker = std::sync::Arc::new(Breaker::new(failures, probe_every));
+        self
+    }
+
+    /// The circuit breaker's state and counters (this limiter and its
+    /// clones): whether it is open, how often it opened, the calls it
+    /// failed fast, and its probes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// let circuit = limiter.circuit_stats();
+    /// assert!(!circuit.open);
+    /// assert_eq!((circuit.trips, circuit.fast_failures, circuit.probes), (0, 0, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn circuit_stats(&self) -> CircuitStats {
+        self.settings.breaker.stats()
     }
 
     /// The default quota: the one every call follows unless it names its
@@ -286,11 +496,70 @@ impl<C> RedisLimiter<C> {
         self.settings.failure_policy
     }
 
-    /// The Redis key that holds `key`'s bucket: the prefix, then the key.
-    /// Its value is the bucket's word: the Unix-or-caller-timeline instant,
-    /// in nanoseconds, at which the bucket is full again.
+    /// The Redis key that holds `key`'s bucket (see
+    /// [`with_namespace`](Self::with_namespace)): the name every call on
+    /// `key` uses. Its value is the bucket's word: the Unix-or-caller-
+    /// timeline instant, in nanoseconds, at which the bucket is full again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// // A private namespace, keys hashed: the key does not show.
+    /// assert!(limiter.bucket_key("sk_live_1").starts_with(limiter.bucket_key_prefix()));
+    /// assert!(!limiter.bucket_key("sk_live_1").contains("sk_live_1"));
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn bucket_key(&self, key: &str) -> String {
         self.settings.bucket_key(key)
+    }
+
+    /// What every bucket name of this limiter starts with: the namespace
+    /// and its separator. It holds no glob character, so
+    /// `SCAN 0 MATCH <prefix>*` lists exactly this namespace's buckets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_prefix("rl");
+    /// assert_eq!(limiter.bucket_key_prefix(), "rl|");
+    /// assert_eq!(limiter.clone().with_hash_tag(true).bucket_key_prefix(), "{rl}|");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn bucket_key_prefix(&self) -> &str {
+        self.settings.names.head()
+    }
+
+    /// The namespace, as given to [`with_namespace`](Self::with_namespace)
+    /// (or the private one made for this limiter).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// assert!(limiter.namespace().starts_with("keyrate-private-"));
+    /// assert_eq!(limiter.with_prefix("rl:api").namespace(), "rl:api");
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        self.settings.names.namespace()
     }
 }

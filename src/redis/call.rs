@@ -58,7 +58,7 @@ impl Settings {
     /// or its denial without Redis: an invalid instant, a cost above the
     /// capacity, or a denial by the mirror's bound. A call made this way
     /// does not coalesce (the blocking limiter, whose calls already take
-    /// turns, and an async call past its deadline for waiting).
+    /// turns).
     pub(super) fn prepare(
         &self,
         key: &str,
@@ -99,12 +99,14 @@ impl Settings {
         let now = now.ok_or(Denial::InvalidTimestamp)?;
         let spend = gcra::spend_for(cost, quota)?;
         let key = self.bucket_key(key);
-        let mut bound = None;
+        let mut guessed = None;
         let mut sent = Nanos::ZERO;
         let mut board_at = None;
         if let Some(mirror) = &self.mirror {
             sent = mirror.local_now();
-            bound = mirror.bound(&key);
+            let known = mirror.bound(&key, sent);
+            let bound = known.and_then(|known| known.fresh);
+            guessed = known.map(|known| known.guess);
             board_at = match now {
                 When::At(ns) => Some(ns),
                 // An overestimate of Redis's clock: the bound denies
@@ -123,7 +125,8 @@ impl Settings {
         let mut guess = None;
         if let When::At(ns) = now {
             if spend > Nanos::ZERO {
-                let expected = bound.unwrap_or(Nanos::ZERO);
+                // However old, the bound is the likeliest stored word.
+                let expected = guessed.unwrap_or(Nanos::ZERO);
                 if let Ok(word) = gcra::decide(expected, ns, cost, quota) {
                     guess = Some(Guess::new(expected, word, ns, self.min_ttl_ms));
                 }
@@ -177,7 +180,7 @@ impl Settings {
                 mirror.saw_server_time(reply.now, call.sent);
             }
             let word = decision.unwrap_or(reply.full_at).max(reply.full_at);
-            mirror.raise(&call.key, word, reply.now);
+            mirror.learn(&call.key, word, reply.now, call.sent);
         }
         Ok(decision.map(|word| Decision::new(word, reply.now, &call.quota)))
     }

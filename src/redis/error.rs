@@ -135,8 +135,10 @@ pub enum RedisErrorKind {
     Script,
     /// Redis answered something the script never returns.
     Reply,
-    /// The connection could not be configured: a bad URL, or refused
-    /// credentials.
+    /// The connection or the limiter could not be configured: a bad URL,
+    /// refused credentials, a bad setting (such as a short
+    /// [`KeySecret`](crate::KeySecret)), or a call that does not work on
+    /// this connection.
     Config,
 }
 
@@ -161,6 +163,8 @@ pub struct RedisLimiterError {
     kind: RedisErrorKind,
     message: String,
     source: Option<RedisError>,
+    /// Failed by the open circuit breaker, without a round trip.
+    circuit_open: bool,
 }
 
 impl RedisLimiterError {
@@ -183,11 +187,60 @@ impl RedisLimiterError {
         self.kind
     }
 
+    /// Whether this call failed at once because the limiter's circuit
+    /// breaker is open (Redis failed that many round trips in a row), with
+    /// no round trip of its own. Its kind is
+    /// [`Unavailable`](RedisErrorKind::Unavailable).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let err = RedisLimiter::connect("not a url", Quota::new(1.0, 1).unwrap())
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(!err.is_circuit_open());
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn is_circuit_open(&self) -> bool {
+        self.circuit_open
+    }
+
+    pub(super) fn circuit_open(failures: u32) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Unavailable,
+            message: format!(
+                "circuit open: {failures} round trips in a row failed; \
+                 failing fast until a probe finds Redis back"
+            ),
+            source: None,
+            circuit_open: true,
+        }
+    }
+
+    /// A call that waited for the calls in flight on its key until its
+    /// deadline, and had no time left for a round trip of its own.
+    pub(super) fn timeout_waiting(after: Duration) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Timeout,
+            message: format!(
+                "no answer from Redis within {after:?} (spent waiting for the calls in flight on the key)"
+            ),
+            source: None,
+            circuit_open: false,
+        }
+    }
+
     pub(super) fn timeout(after: Duration) -> Self {
         RedisLimiterError {
             kind: RedisErrorKind::Timeout,
             message: format!("no answer from Redis within {after:?}"),
             source: None,
+            circuit_open: false,
         }
     }
 
@@ -196,6 +249,16 @@ impl RedisLimiterError {
             kind: RedisErrorKind::Script,
             message: format!("bucket key {key} does not hold a keyrate word"),
             source: None,
+            circuit_open: false,
+        }
+    }
+
+    pub(super) fn config(message: String) -> Self {
+        RedisLimiterError {
+            kind: RedisErrorKind::Config,
+            message,
+            source: None,
+            circuit_open: false,
         }
     }
 
@@ -204,6 +267,7 @@ impl RedisLimiterError {
             kind: RedisErrorKind::Reply,
             message: format!("unexpected reply from the keyrate script: {what}"),
             source: None,
+            circuit_open: false,
         }
     }
 }
@@ -240,6 +304,7 @@ impl From<RedisError> for RedisLimiterError {
             kind,
             message: err.to_string(),
             source: Some(err),
+            circuit_open: false,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The async limiter over a connection of the caller's choice.
 
+use super::breaker::answered;
 use super::call::{Outcome, Step};
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
@@ -19,8 +20,11 @@ use std::future::Future;
 /// cost above the capacity is never admitted, bad timestamps change
 /// nothing, backwards time never creates tokens), made atomically inside
 /// Redis by one Lua script per call, on one Redis key per bucket
-/// (`prefix + key`), so each call touches a single hash slot and the
-/// limiter works on Redis Cluster.
+/// (its namespace, then the key hashed or encoded: see
+/// [`with_namespace`](Self::with_namespace)), so each call touches a
+/// single hash slot and the limiter works on Redis Cluster. A limiter
+/// left unnamed shares no bucket with any other limiter: name the
+/// namespace in every process that must share a budget.
 ///
 /// Its calls are [`AsyncLimiter`]'s (import it); the blocking twin,
 /// [`BlockingRedisLimiter`](crate::BlockingRedisLimiter), is this type over
@@ -121,33 +125,35 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// The one path of every call: the core prepares it, Redis answers
-    /// (unless the core decided alone), the core finishes it.
+    /// (unless the core decided alone), the core finishes it. One deadline
+    /// covers the whole call: the wait for calls in flight on the key and
+    /// the round trip.
     async fn decide(&self, key: &str, at: At, cost: u64, quota: &Quota) -> Outcome {
-        // Wait for calls in flight on the key until the deadline, then go
-        // regardless.
-        let deadline = tokio::time::Instant::now() + self.settings.timeout;
+        let timeout = self.settings.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         let call = loop {
-            if tokio::time::Instant::now() >= deadline {
-                match self.settings.prepare(key, at, cost, quota) {
-                    Ok(call) => break call,
-                    Err(denial) => return Ok(Err(denial)),
-                }
-            }
             match self.settings.prepare_coalesced(key, at, cost, quota) {
                 Step::Denied(denial) => return Ok(Err(denial)),
                 Step::Ask(call) => break call,
                 Step::Wait(landed) => {
                     let _ = tokio::time::timeout_at(deadline, landed).await;
+                    if tokio::time::Instant::now() >= deadline {
+                        // The calls ahead took the whole deadline: no time
+                        // is left for a round trip of this call's own.
+                        return Err(RedisLimiterError::timeout_waiting(timeout));
+                    }
                 }
             }
         };
+        let breaker = &self.settings.breaker;
+        let pass = breaker.admit(breaker.now())?;
         let invocation = self.settings.invocation(&call);
         let mut connection = self.connection.clone();
-        let timeout = self.settings.timeout;
-        let answer = tokio::time::timeout(timeout, invocation.invoke_async(&mut connection))
+        let answer = tokio::time::timeout_at(deadline, invocation.invoke_async(&mut connection))
             .await
             .map_err(|_| RedisLimiterError::timeout(timeout))
             .and_then(|answer| answer.map_err(RedisLimiterError::from));
+        breaker.record(pass, answered(&answer), breaker.now());
         self.settings.finish(&call, answer)
     }
 }

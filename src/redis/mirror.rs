@@ -5,9 +5,17 @@
 //! A bucket's word only grows (every spend pushes `full_at` later, and a
 //! key expires only once its bucket is full), so the real word is at least
 //! the bound, and `gcra::decide` on the bound denies only what Redis would
-//! deny too. Only calls the bound admits go to Redis, and its answer raises
-//! the bound: after an admission to the new word, after a denial or a read
-//! to the word read.
+//! deny too. Only calls the bound admits go to Redis, and its answer
+//! replaces the bound: after an admission with the new word, after a
+//! denial or a read with the word read.
+//!
+//! Except when the word falls: a reset (this limiter's, or another
+//! process's), or Redis losing the key. This limiter's own resets forget
+//! the bound, and ignore the answers to calls sent before them. Another
+//! process's reset cannot be seen without a round trip, so a bound is only
+//! used for `refresh` (1 s by default) after the call that showed it was
+//! sent: then the next call on the key goes to Redis, whose answer replaces
+//! it. A fallen word is thus over-denied by at most `refresh`.
 //!
 //! Calls the bound admits are coalesced per key (async limiter): the mirror
 //! counts the refill spent by the calls on a key in flight to Redis, and a
@@ -39,11 +47,17 @@ const SHARDS: usize = 16;
 /// The number of bounds a mirror keeps unless told otherwise.
 pub(super) const DEFAULT_MIRROR_CAPACITY: usize = 65_536;
 
+/// How long a bound is used to deny, unless told otherwise.
+pub(super) const DEFAULT_MIRROR_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the mirror keeps for one bucket key.
 #[derive(Debug, Default)]
 struct Entry {
     /// The lower bound of the key's word in Redis (0: none yet).
     bound: Nanos,
+    /// The local instant ([`Mirror::local_now`]) the call that showed
+    /// `bound` was sent.
+    seen: Nanos,
     /// The refill that the calls in flight to Redis on this key spend if
     /// all are admitted.
     pending: Nanos,
@@ -106,10 +120,27 @@ pub(super) struct Mirror {
     /// than the local one. Relaxed: a stale offset is just another past
     /// sample, as valid as the latest.
     server_offset: AtomicU64,
+    /// How long after its call was sent a bound may deny.
+    refresh: Nanos,
+    /// Answers to calls sent before this local instant are not learnt: a
+    /// reset came after them. A [`Nanos`] as its `u64`, raised under a
+    /// shard lock and read under one. Relaxed: a reset raises it before it
+    /// clears the bounds (both under their shard's lock, whose release
+    /// orders them before a later `learn` of the same shard).
+    floor: AtomicU64,
+}
+
+/// A key's bound as the mirror knows it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Known {
+    /// The bound, if recent enough to deny with.
+    pub(super) fresh: Option<Nanos>,
+    /// The bound, however old: a guess of the stored word.
+    pub(super) guess: Nanos,
 }
 
 impl Mirror {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize, refresh: std::time::Duration) -> Self {
         let per_shard = capacity.div_ceil(SHARDS).max(1);
         Mirror {
             shards: (0..SHARDS)
@@ -119,7 +150,14 @@ impl Mirror {
             hasher: foldhash::fast::RandomState::default(),
             origin: Instant::now(),
             server_offset: AtomicU64::new(0),
+            refresh: Nanos::saturating_from_duration(refresh),
+            floor: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a bound shown by a call sent at `seen` may deny at `now`.
+    fn fresh(&self, seen: Nanos, now: Nanos) -> bool {
+        now < seen.saturating_add(self.refresh)
     }
 
     fn shard(&self, key: &str) -> &Shard {
@@ -128,9 +166,12 @@ impl Mirror {
         &self.shards[(hash as usize) & (SHARDS - 1)]
     }
 
-    /// The bound kept for `key`, if any.
-    pub(super) fn bound(&self, key: &str) -> Option<Nanos> {
-        self.shard(key).read().get(key).map(|entry| entry.bound)
+    /// The bound kept for `key`, if any, at local instant `now`.
+    pub(super) fn bound(&self, key: &str, now: Nanos) -> Option<Known> {
+        self.shard(key).read().get(key).map(|entry| Known {
+            fresh: self.fresh(entry.seen, now).then_some(entry.bound),
+            guess: entry.bound,
+        })
     }
 
     /// Boards a call of `cost` (`spend` of refill) on `key` at `at`
@@ -153,9 +194,17 @@ impl Mirror {
             }
             shard.insert(Box::from(key), Entry::default());
         }
+        let local_now = self.local_now();
         let entry = shard.get_mut(key).expect("present");
         if entry.pending > Nanos::ZERO {
-            let if_all_admitted = entry.bound.max(at).saturating_add(entry.pending);
+            // A stale bound counts for nothing: the flights' answers
+            // bring a fresh one.
+            let bound = if self.fresh(entry.seen, local_now) {
+                entry.bound
+            } else {
+                Nanos::ZERO
+            };
+            let if_all_admitted = bound.max(at).saturating_add(entry.pending);
             if gcra::decide(if_all_admitted, at, cost, quota).is_err() {
                 let landed = entry.landed.get_or_insert_with(Default::default).clone();
                 let mut wait = Box::pin(landed.notified_owned());
@@ -173,16 +222,26 @@ impl Mirror {
         }))
     }
 
-    /// Raises `key`'s bound to `word` (a bound never falls). `now` on the
-    /// same timeline tells which bounds are already in the past.
-    pub(super) fn raise(&self, key: &str, word: Nanos, now: Nanos) {
-        if word <= now {
-            // A full bucket: the bound would deny nothing.
+    /// Learns that `key`'s word was `word` at `now` (on the caller's or
+    /// Redis's timeline), from a call sent at local instant `sent`: the
+    /// bound becomes `word`, unless a later call already showed another
+    /// or a reset came after this call.
+    pub(super) fn learn(&self, key: &str, word: Nanos, now: Nanos, sent: Nanos) {
+        // A full bucket's bound denies nothing.
+        let word = if word > now { word } else { Nanos::ZERO };
+        let mut shard = self.shard(key).write();
+        // Relaxed: see the field; read under the shard lock.
+        if sent.as_u64() < self.floor.load(Relaxed) {
             return;
         }
-        let mut shard = self.shard(key).write();
         if let Some(entry) = shard.get_mut(key) {
-            entry.bound = entry.bound.max(word);
+            if sent >= entry.seen {
+                entry.bound = word;
+                entry.seen = sent;
+            }
+            return;
+        }
+        if word == Nanos::ZERO {
             return;
         }
         if shard.len() >= self.per_shard {
@@ -195,9 +254,36 @@ impl Mirror {
         }
         let entry = Entry {
             bound: word,
+            seen: sent,
             ..Entry::default()
         };
         shard.insert(Box::from(key), entry);
+    }
+
+    /// Forgets `key`'s bound (the key was reset), and every answer to a
+    /// call sent before now.
+    pub(super) fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).write();
+        self.raise_floor();
+        if let Some(entry) = shard.get_mut(key) {
+            entry.bound = Nanos::ZERO;
+        }
+    }
+
+    /// Forgets every bound (every key was reset), and every answer to a
+    /// call sent before now.
+    pub(super) fn forget_all(&self) {
+        self.raise_floor();
+        for shard in self.shards.iter() {
+            for entry in shard.write().values_mut() {
+                entry.bound = Nanos::ZERO;
+            }
+        }
+    }
+
+    fn raise_floor(&self) {
+        // Relaxed: see the field.
+        self.floor.fetch_max(self.local_now().as_u64(), Relaxed);
     }
 
     /// The time on the local monotonic clock since the mirror was made.
@@ -220,6 +306,11 @@ impl Mirror {
         let offset = server_now.saturating_sub(sent).max(Nanos::new(1));
         // Relaxed: see the field.
         self.server_offset.store(offset.as_u64(), Relaxed);
+    }
+
+    /// How many bounds it can keep.
+    pub(super) fn capacity(&self) -> usize {
+        self.per_shard * SHARDS
     }
 
     /// How many bounds are kept.
@@ -274,7 +365,8 @@ mod tests {
         let (key, cost) = ("k", 1);
         let spend = gcra::spend_for(cost, &quota).expect("a unit cost fits");
         loop {
-            if let Some(bound) = mirror.bound(key) {
+            let sent = mirror.local_now();
+            if let Some(bound) = mirror.bound(key, sent).and_then(|known| known.fresh) {
                 if gcra::decide(bound, at, cost, &quota).is_err() {
                     tally.denied_by_bound.fetch_add(1, Ordering::Relaxed);
                     return;
@@ -301,7 +393,7 @@ mod tests {
                 (decided, *word)
             };
             tokio::task::yield_now().await;
-            mirror.raise(key, word, at);
+            mirror.learn(key, word, at, sent);
             drop(guard);
             match decided {
                 Ok(_) => tally.admitted.fetch_add(1, Ordering::Relaxed),
@@ -334,7 +426,11 @@ mod tests {
             .build()
             .expect("a runtime");
         let quota = Quota::new(CAPACITY as f64, CAPACITY).expect("a valid quota");
-        let mirror = Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY));
+        // A refresh far longer than the test: every bound stays fresh.
+        let mirror = Arc::new(Mirror::new(
+            DEFAULT_MIRROR_CAPACITY,
+            Duration::from_secs(3600),
+        ));
         let redis = Arc::new(Mutex::new(Nanos::ZERO));
         let tally = Arc::new(Tally::default());
         for round in 1..=ROUNDS {

@@ -17,19 +17,26 @@
 //! (connecting and configuring), `script.rs` (the script's arguments and
 //! reply), `call.rs` (the I/O-free core: prepare a call, finish it from the
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
-//! ends), `mirror.rs` (the local deny mirror), `error.rs`.
+//! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
+//! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
+//! (resets), `error.rs`.
 
 mod blocking;
+mod breaker;
 mod builder;
 mod call;
 mod error;
 mod limiter;
 mod mirror;
+mod names;
+mod reset;
 mod script;
 mod settings;
 mod stats;
 
 pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
+pub use self::breaker::CircuitStats;
 pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
 pub use self::limiter::RedisLimiter;
-pub use self::settings::{DEFAULT_REDIS_PREFIX, DEFAULT_REDIS_TIMEOUT};
+pub use self::names::{KeyNames, KeySecret};
+pub use self::settings::DEFAULT_REDIS_TIMEOUT;

@@ -1,8 +1,10 @@
 //! What the async and the blocking limiter share: the quota, the script,
-//! the key layout, the deadline and the failure policy.
+//! the bucket names, the deadline and the failure policy.
 
+use super::breaker::{Breaker, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY};
 use super::error::FailurePolicy;
-use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY};
+use super::mirror::{Mirror, DEFAULT_MIRROR_CAPACITY, DEFAULT_MIRROR_REFRESH};
+use super::names::Names;
 use super::script::BUCKET_SCRIPT;
 use crate::gcra::Quota;
 use crate::live_quota::LiveQuota;
@@ -11,11 +13,6 @@ use ::redis::Script;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The key prefix used unless [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix) sets another.
-///
-/// [`RedisLimiter::with_prefix`](crate::RedisLimiter::with_prefix): crate::RedisLimiter::with_prefix
-pub const DEFAULT_REDIS_PREFIX: &str = "keyrate:";
 
 /// The per-call deadline used unless [`RedisLimiter::with_timeout`](crate::RedisLimiter::with_timeout) sets
 /// another.
@@ -33,7 +30,8 @@ pub(super) struct Settings {
     /// The default quota, shared by clones; `set_quota` replaces it.
     pub(super) quota: Arc<LiveQuota>,
     pub(super) script: Arc<Script>,
-    pub(super) prefix: Arc<str>,
+    /// The namespace and how keys are named in it, shared by clones.
+    pub(super) names: Arc<Names>,
     /// The deadline of one call, at least [`MIN_TIMEOUT`].
     pub(super) timeout: Duration,
     /// The least TTL of a written key, in milliseconds.
@@ -41,8 +39,12 @@ pub(super) struct Settings {
     pub(super) failure_policy: FailurePolicy,
     /// The local deny mirror, shared by clones; `None` when turned off.
     pub(super) mirror: Option<Arc<Mirror>>,
+    /// How long a mirror's bound may deny after the call that showed it.
+    pub(super) mirror_refresh: Duration,
     /// Decision counters, shared by clones (see `stats`).
     pub(super) counters: Arc<crate::observe::Counters>,
+    /// The circuit breaker, shared by clones.
+    pub(super) breaker: Arc<Breaker>,
 }
 
 impl Settings {
@@ -50,17 +52,25 @@ impl Settings {
         Settings {
             quota: Arc::new(LiveQuota::new(quota)),
             script: Arc::new(Script::new(BUCKET_SCRIPT)),
-            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
+            names: Arc::new(Names::private()),
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
             failure_policy: FailurePolicy::default(),
-            mirror: Some(Arc::new(Mirror::new(DEFAULT_MIRROR_CAPACITY))),
+            mirror: Some(Arc::new(Mirror::new(
+                DEFAULT_MIRROR_CAPACITY,
+                DEFAULT_MIRROR_REFRESH,
+            ))),
+            mirror_refresh: DEFAULT_MIRROR_REFRESH,
             counters: Arc::new(crate::observe::Counters::new(true)),
+            breaker: Arc::new(Breaker::new(
+                DEFAULT_BREAKER_FAILURES,
+                DEFAULT_BREAKER_PROBE_EVERY,
+            )),
         }
     }
 
-    pub(super) fn set_prefix(&mut self, prefix: String) {
-        self.prefix = Arc::from(prefix);
+    pub(super) fn set_names(&mut self, names: Names) {
+        self.names = Arc::new(names);
     }
 
     pub(super) fn set_timeout(&mut self, timeout: Duration) {
@@ -74,14 +84,21 @@ impl Settings {
 
     /// A fresh mirror of `capacity` bounds, or none for 0.
     pub(super) fn set_mirror_capacity(&mut self, capacity: usize) {
-        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity)));
+        let refresh = self.mirror_refresh;
+        self.mirror = (capacity > 0).then(|| Arc::new(Mirror::new(capacity, refresh)));
+    }
+
+    /// A fresh mirror whose bounds deny for `refresh`, of the same
+    /// capacity (if any).
+    pub(super) fn set_mirror_refresh(&mut self, refresh: Duration) {
+        self.mirror_refresh = refresh;
+        if let Some(capacity) = self.mirror.as_ref().map(|mirror| mirror.capacity()) {
+            self.set_mirror_capacity(capacity);
+        }
     }
 
     pub(super) fn bucket_key(&self, key: &str) -> String {
-        let mut out = String::with_capacity(self.prefix.len() + key.len());
-        out.push_str(&self.prefix);
-        out.push_str(key);
-        out
+        self.names.bucket_key(key)
     }
 }
 
@@ -89,11 +106,12 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("quota", &self.quota.load())
-            .field("prefix", &self.prefix)
+            .field("names", &self.names)
             .field("timeout", &self.timeout)
             .field("min_ttl_ms", &self.min_ttl_ms)
             .field("failure_policy", &self.failure_policy)
             .field("mirror", &self.mirror)
+            .field("breaker", &self.breaker)
             .finish()
     }
 }

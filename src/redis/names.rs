@@ -1,0 +1,307 @@
+//! The Redis name of a bucket: a namespace per limiter, then the user's
+//! key, encoded so that it can neither collide with another name, choose
+//! its own Redis Cluster hash slot, nor (by default) show itself.
+//!
+//! A name is `NS` + `#` + the key's keyed hash ([`KeyNames::Hashed`]), or
+//! `NS` + `|` + the key percent-encoded ([`KeyNames::Encoded`]); `NS` is
+//! the namespace percent-encoded, wrapped in braces when the limiter asks
+//! for one hash slot ([`with_hash_tag`](crate::RedisLimiter::with_hash_tag)).
+//! The encoding keeps `A-Z a-z 0-9 - _ . :` and writes every other byte as
+//! `%XX`, so an encoded string never holds `#`, `|`, `{`, `}` or a glob
+//! character: the first `#` or `|` ends the namespace, the two forms never
+//! meet, and the only braces in a name are the ones the limiter chose.
+
+use super::error::RedisLimiterError;
+use siphasher::sip128::SipHasher24;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+
+/// The bytes the encoding keeps as they are.
+fn safe(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b':')
+}
+
+/// Appends `text` percent-encoded: safe bytes as they are, every other
+/// byte as `%XX` (so `%` itself too). Injective, and the output holds no
+/// `#`, `|`, `{`, `}`, `*`, `?`, `[`, `]` or `\`.
+fn encode_into(out: &mut String, text: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &byte in text {
+        if safe(byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 15)]));
+        }
+    }
+}
+
+/// The secret of [`KeyNames::Hashed`]: the key of a SipHash-2-4 PRF, so
+/// that a bucket's Redis name tells nothing about its key to anyone
+/// without the secret. Its `Debug` never shows it.
+///
+/// Every process that shares a namespace must use the same secret (and
+/// the same [`KeyNames`]), or they name the same key differently and do
+/// not share its bucket.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::KeySecret;
+///
+/// let secret = KeySecret::new("a secret of 16 bytes or more, from your vault").unwrap();
+/// assert_eq!(format!("{secret:?}"), "KeySecret([REDACTED])");
+/// assert!(KeySecret::new("short").is_err());
+/// ```
+#[derive(Clone)]
+pub struct KeySecret {
+    key: [u8; 16],
+}
+
+impl KeySecret {
+    /// The fewest bytes a secret may have.
+    pub const MIN_LEN: usize = 16;
+
+    /// A secret from `secret`, at least [`MIN_LEN`](Self::MIN_LEN) bytes of
+    /// randomness (a random string from your secret store; its length is
+    /// checked, its randomness cannot be). The PRF's 128-bit key is
+    /// derived from it with SipHash-2-4-128 under a fixed key, so any
+    /// length works.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisErrorKind::Config`](crate::RedisErrorKind::Config) for a
+    /// secret shorter than 16 bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{KeySecret, RedisErrorKind};
+    ///
+    /// assert!(KeySecret::new([7u8; 32]).is_ok());
+    /// assert_eq!(KeySecret::new("").unwrap_err().kind(), RedisErrorKind::Config);
+    /// ```
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, RedisLimiterError> {
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_LEN {
+            return Err(RedisLimiterError::config(format!(
+                "a key secret needs at least {} bytes, got {}",
+                Self::MIN_LEN,
+                secret.len()
+            )));
+        }
+        let derived = SipHasher24::new_with_key(b"keyrate key name").hash(secret);
+        Ok(KeySecret {
+            key: u128::from(derived).to_le_bytes(),
+        })
+    }
+
+    /// A secret of 128 random bits that no other limiter has (from the
+    /// operating system's randomness, through std's `RandomState`).
+    fn random() -> Self {
+        let mut key = [0; 16];
+        for (i, half) in key.chunks_mut(8).enumerate() {
+            let mut hasher = RandomState::new().build_hasher();
+            hasher.write_usize(i);
+            half.copy_from_slice(&hasher.finish().to_le_bytes());
+        }
+        KeySecret { key }
+    }
+
+    /// The keyed hash of `key`.
+    fn hash(&self, key: &[u8]) -> u128 {
+        u128::from(SipHasher24::new_with_key(&self.key).hash(key))
+    }
+}
+
+impl fmt::Debug for KeySecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySecret([REDACTED])")
+    }
+}
+
+/// How a limiter writes a user's key into the Redis name of its bucket
+/// (see [`RedisLimiter::with_namespace`](crate::RedisLimiter::with_namespace)).
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::{KeyNames, KeySecret};
+///
+/// let hashed = KeyNames::Hashed(KeySecret::new([42u8; 16]).unwrap());
+/// let readable = KeyNames::Encoded;
+/// # let _ = (hashed, readable);
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum KeyNames {
+    /// The key's SipHash-2-4 under the secret, 128 bits in hex: a name of
+    /// fixed length that tells nothing about the key to anyone who can
+    /// read Redis (`SCAN`, `MONITOR`, `SLOWLOG`, an RDB file, a replica)
+    /// without the secret. Distinct keys collide with probability about
+    /// `n^2 / 2^129` for `n` keys.
+    Hashed(KeySecret),
+    /// The key itself, percent-encoded (bytes other than
+    /// `A-Z a-z 0-9 - _ . :` become `%XX`, braces included): readable by
+    /// whoever reads Redis, and as long as the key, up to three times.
+    Encoded,
+}
+
+/// A limiter's naming of its buckets: the namespace, already encoded, and
+/// how keys follow it.
+#[derive(Clone)]
+pub(super) struct Names {
+    /// The namespace as the caller gave it (for `namespace()`).
+    namespace: Box<str>,
+    /// What every name starts with: the encoded namespace (in braces with
+    /// a hash tag) and the separator of its form.
+    head: Box<str>,
+    keys: KeyNames,
+    hash_tag: bool,
+}
+
+impl Names {
+    /// `namespace`, with keys named as `keys`, with or without a hash tag.
+    pub(super) fn new(namespace: &str, keys: KeyNames, hash_tag: bool) -> Self {
+        let mut head = String::with_capacity(namespace.len() + 3);
+        if hash_tag {
+            head.push('{');
+        }
+        encode_into(&mut head, namespace.as_bytes());
+        if hash_tag {
+            head.push('}');
+        }
+        head.push(match keys {
+            KeyNames::Hashed(_) => '#',
+            KeyNames::Encoded => '|',
+        });
+        Names {
+            namespace: Box::from(namespace),
+            head: head.into_boxed_str(),
+            keys,
+            hash_tag,
+        }
+    }
+
+    /// A namespace of this limiter's own, `keyrate-private-` and 64 random
+    /// bits, with keys hashed under a random secret: shared with no other
+    /// limiter (only with this one's clones), and showing no key.
+    pub(super) fn private() -> Self {
+        let id = RandomState::new().build_hasher().finish();
+        let namespace = format!("keyrate-private-{id:016x}");
+        Self::new(&namespace, KeyNames::Hashed(KeySecret::random()), false)
+    }
+
+    /// The same names with the hash tag on or off.
+    pub(super) fn with_hash_tag(&self, hash_tag: bool) -> Self {
+        Self::new(&self.namespace, self.keys.clone(), hash_tag)
+    }
+
+    pub(super) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(super) fn hash_tag(&self) -> bool {
+        self.hash_tag
+    }
+
+    /// What every bucket name of this limiter starts with.
+    pub(super) fn head(&self) -> &str {
+        &self.head
+    }
+
+    /// The Redis name of `key`'s bucket.
+    pub(super) fn bucket_key(&self, key: &str) -> String {
+        match &self.keys {
+            KeyNames::Hashed(secret) => {
+                let mut out = String::with_capacity(self.head.len() + 32);
+                out.push_str(&self.head);
+                use fmt::Write;
+                let _ = write!(out, "{:032x}", secret.hash(key.as_bytes()));
+                out
+            }
+            KeyNames::Encoded => {
+                let mut out = String::with_capacity(self.head.len() + key.len());
+                out.push_str(&self.head);
+                encode_into(&mut out, key.as_bytes());
+                out
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Names {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Names")
+            .field("namespace", &self.namespace)
+            .field("keys", &self.keys)
+            .field("hash_tag", &self.hash_tag)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(text: &str) -> String {
+        let mut out = String::new();
+        encode_into(&mut out, text.as_bytes());
+        out
+    }
+
+    #[test]
+    fn the_encoding_keeps_safe_bytes_and_escapes_the_rest() {
+        assert_eq!(encoded("sk_live-1.a:b"), "sk_live-1.a:b");
+        assert_eq!(
+            encoded("{x}|#%*?[]\\ é"),
+            "%7Bx%7D%7C%23%25%2A%3F%5B%5D%5C%20%C3%A9"
+        );
+    }
+
+    #[test]
+    fn names_are_unambiguous() {
+        let a = Names::new("rl:", KeyNames::Encoded, false);
+        let b = Names::new("rl:tts:", KeyNames::Encoded, false);
+        assert_ne!(a.bucket_key("tts:x"), b.bucket_key("x"));
+        // A namespace cannot end early: its separator is escaped inside it.
+        let c = Names::new("rl|x", KeyNames::Encoded, false);
+        let d = Names::new("rl", KeyNames::Encoded, false);
+        assert_ne!(c.bucket_key("y"), d.bucket_key("x|y"));
+        let secret = KeySecret::new([1; 16]).unwrap();
+        let hashed = Names::new("rl", KeyNames::Hashed(secret.clone()), false);
+        assert_ne!(hashed.bucket_key("k"), d.bucket_key("k"));
+        // The same settings name a key the same way in every process.
+        let again = Names::new("rl", KeyNames::Hashed(secret), false);
+        assert_eq!(hashed.bucket_key("k"), again.bucket_key("k"));
+        let other = Names::new(
+            "rl",
+            KeyNames::Hashed(KeySecret::new([2; 16]).unwrap()),
+            false,
+        );
+        assert_ne!(hashed.bucket_key("k"), other.bucket_key("k"));
+    }
+
+    #[test]
+    fn only_the_limiter_picks_braces() {
+        for names in [
+            Names::new("{ns}", KeyNames::Encoded, false),
+            Names::new("ns", KeyNames::Hashed(KeySecret::random()), false),
+        ] {
+            let name = names.bucket_key("{victim}x");
+            assert!(!name.contains(['{', '}']), "{name}");
+        }
+        let tagged = Names::new("a}b", KeyNames::Encoded, true);
+        assert_eq!(tagged.bucket_key("{k}"), "{a%7Db}|%7Bk%7D");
+    }
+
+    #[test]
+    fn private_namespaces_differ() {
+        let (a, b) = (Names::private(), Names::private());
+        assert_ne!(a.namespace(), b.namespace());
+        assert_ne!(a.bucket_key("k"), b.bucket_key("k"));
+        assert!(a.bucket_key("k").starts_with(a.head()));
+    }
+}
