@@ -28,11 +28,13 @@
 //! | `counters.rs` | model 10: the counters' single-writer stripes and thread slots |
 //! | `hot_keys.rs` | model 11: a hot-key cache's spend racing a sweep |
 //! | `reset.rs` | model 12: a reset racing spends and the sweep's retirement |
+//! | `compound.rs` | models 13 and 14: compound calls all or nothing; scopes locked in one order, no deadlock |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
+mod compound;
 mod concurrency;
 mod counters;
 mod eviction;

@@ -14,6 +14,10 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/semantics.md")]
 pub struct SemanticsDoctests;
 
+/// docs/compound.md.
+#[doc = include_str!("../docs/compound.md")]
+pub struct CompoundDoctests;
+
 /// docs/memory.md.
 #[doc = include_str!("../docs/memory.md")]
 pub struct MemoryDoctests;

@@ -54,6 +54,14 @@ pub enum ConfigError {
     /// could ever hold a stream. (A per-call limit of 0 is accepted and
     /// refuses every call: a suspended plan.)
     ZeroMaxPermits,
+    /// A [`Policy`](crate::Policy) with no quota: it would limit nothing.
+    EmptyPolicy,
+    /// A [`Policy`](crate::Policy) with more quotas than
+    /// [`MAX_QUOTAS`](crate::MAX_QUOTAS).
+    TooManyQuotas {
+        /// The number of quotas given.
+        count: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -99,6 +107,17 @@ impl fmt::Display for ConfigError {
             ConfigError::ZeroMaxPermits => f.write_str(
                 "invalid concurrency limit 0: a key's default limit must be at least 1 permit \
                  held at once (accepted: 1 to 2^32 - 1)",
+            ),
+            ConfigError::EmptyPolicy => f.write_str(
+                "invalid policy: it has no quota (accepted: 1 to 8 quotas, such as 20/s \
+                 burst 40 and 50,000/day)",
+            ),
+            ConfigError::TooManyQuotas { count } => write!(
+                f,
+                "invalid policy: {count} quotas, but a policy holds at most {} (accepted: 1 \
+                 to {})",
+                crate::MAX_QUOTAS,
+                crate::MAX_QUOTAS
             ),
             ConfigError::WindowTooLong { capacity, rate } => write!(
                 f,

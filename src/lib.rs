@@ -64,6 +64,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod bucket;
+mod compound;
 mod concurrency;
 mod decision;
 mod dice;
@@ -90,6 +91,7 @@ mod sync;
 mod time;
 mod under;
 
+pub use crate::compound::{CompoundDecision, CompoundDenial, CompoundLimiter, Policy, MAX_QUOTAS};
 pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};

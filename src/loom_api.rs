@@ -174,6 +174,14 @@ pub enum Flaw {
     /// of `RETIRED`, instead of a compare-and-swap: a spend that lands in
     /// between (from a hot-key cache, which holds no lock) is swallowed.
     RetireByBlindStore,
+    /// A compound call checks every quota under its bucket's lock, lets
+    /// it go, then spends one quota at a time, each under its own lock:
+    /// two calls can both pass the check, and spend partially.
+    CompoundCheckThenSpend,
+    /// A compound call takes its buckets' locks in the call's order of
+    /// scopes, not the global one: two calls on the same keys in opposite
+    /// orders can each hold one lock and wait for the other.
+    CompoundLockInCallOrder,
 }
 
 std::thread_local! {
@@ -233,4 +241,10 @@ where
     S: std::hash::BuildHasher + Clone,
 {
     limiter.sweep_position()
+}
+
+/// The words of `key`'s compound bucket (quota `i` at index `i`), if it
+/// has one.
+pub fn compound_words(limiter: &crate::CompoundLimiter, key: &str) -> Option<[u64; 8]> {
+    limiter.words(key)
 }

@@ -1,0 +1,220 @@
+//! The compound rule as pure arithmetic over plain words: no locks here.
+//!
+//! A call of cost `c` is admitted iff [`gcra::decide`] admits `c` on every
+//! quota's word of every scope; then every word takes the value `decide`
+//! returned for it. A denial waits for the latest of the buckets' waits:
+//! each bucket refills on its own, so that is the first instant at which
+//! every one of them holds `c` again.
+
+use super::outcome::{CompoundDecision, CompoundDenial};
+use super::policy::{Policy, MAX_QUOTAS};
+use crate::error::Denial;
+use crate::gcra;
+use crate::time::Nanos;
+use std::time::Duration;
+
+/// A key's compound bucket: word `i` is `full_at` of quota `i` of the
+/// key's policy (see [`gcra`]); words past the policy's quotas stay as
+/// they are. All 0 (full) for a new key.
+pub(crate) type Words = [Nanos; MAX_QUOTAS];
+
+/// The checks that need no word: a cost above some quota's capacity is
+/// denied before any bucket is looked up or locked.
+pub(crate) fn check_costs<'a>(
+    policies: impl Iterator<Item = &'a Policy>,
+    cost: u64,
+) -> Result<(), CompoundDenial> {
+    for (scope, policy) in policies.enumerate() {
+        for (quota, q) in policy.quotas().iter().enumerate() {
+            if let Err(Denial::ExceedsCapacity { cost, capacity }) = gcra::spend_for(cost, q) {
+                return Err(CompoundDenial::ExceedsCapacity {
+                    cost,
+                    capacity,
+                    scope,
+                    quota,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every quota of every scope admits `cost` at `now`; if not, the
+/// denial with the latest wait (the first `(scope, quota)` on a tie).
+/// `scopes` yields `(scope index, words, policy)` in any order.
+pub(crate) fn verdict<'a>(
+    scopes: impl Iterator<Item = (usize, &'a Words, &'a Policy)>,
+    now: Nanos,
+    cost: u64,
+) -> Result<(), CompoundDenial> {
+    let mut latest: Option<(Duration, usize, usize)> = None;
+    for (scope, words, policy) in scopes {
+        for (quota, q) in policy.quotas().iter().enumerate() {
+            match gcra::decide(words[quota], now, cost, q) {
+                Ok(_) => {}
+                Err(Denial::InsufficientTokens { retry_after }) => {
+                    let later = match latest {
+                        None => true,
+                        Some((wait, s, i)) => {
+                            retry_after > wait || (retry_after == wait && (scope, quota) < (s, i))
+                        }
+                    };
+                    if later {
+                        latest = Some((retry_after, scope, quota));
+                    }
+                }
+                Err(Denial::ExceedsCapacity { cost, capacity }) => {
+                    return Err(CompoundDenial::ExceedsCapacity {
+                        cost,
+                        capacity,
+                        scope,
+                        quota,
+                    })
+                }
+                // `decide` denies for lack of tokens or capacity only.
+                Err(_) => unreachable!("gcra::decide returned another denial"),
+            }
+        }
+    }
+    match latest {
+        None => Ok(()),
+        Some((retry_after, scope, quota)) => Err(CompoundDenial::InsufficientTokens {
+            retry_after,
+            scope,
+            quota,
+        }),
+    }
+}
+
+/// Spends `cost` at `now` from every quota of one scope, after
+/// [`verdict`] admitted the call on these same words.
+pub(crate) fn apply(words: &mut Words, policy: &Policy, now: Nanos, cost: u64) {
+    for (word, q) in words.iter_mut().zip(policy.quotas()) {
+        if let Ok(next) = gcra::decide(*word, now, cost, q) {
+            *word = next;
+        }
+    }
+}
+
+/// What an admitted call reports, from the words after [`apply`]: the
+/// least remaining (first `(scope, quota)` on a tie) and the latest refill.
+pub(crate) fn summary<'a>(
+    scopes: impl Iterator<Item = (usize, &'a Words, &'a Policy)>,
+    now: Nanos,
+) -> CompoundDecision {
+    let mut least: Option<CompoundDecision> = None;
+    let mut reset_after = Nanos::ZERO;
+    for (scope, words, policy) in scopes {
+        for (quota, q) in policy.quotas().iter().enumerate() {
+            let remaining = gcra::tokens_at(words[quota], now, q);
+            reset_after = reset_after.max(words[quota].saturating_sub(now));
+            let less = match least {
+                None => true,
+                Some(d) => {
+                    remaining < d.remaining
+                        || (remaining == d.remaining && (scope, quota) < (d.scope, d.quota))
+                }
+            };
+            if less {
+                least = Some(CompoundDecision {
+                    remaining,
+                    limit: q.capacity(),
+                    scope,
+                    quota,
+                    reset_after: Duration::ZERO,
+                });
+            }
+        }
+    }
+    let mut decision = least.expect("a call has a scope, and a policy a quota");
+    decision.reset_after = reset_after.into();
+    decision
+}
+
+/// The least whole tokens held at `now` over the quotas of `policy`.
+pub(crate) fn least_remaining(words: &Words, policy: &Policy, now: Nanos) -> u64 {
+    policy
+        .quotas()
+        .iter()
+        .zip(words)
+        .map(|(q, &word)| gcra::tokens_at(word, now, q))
+        .min()
+        .unwrap_or(0)
+}
+
+/// Whether every word is full at `now`, so that dropping the bucket
+/// changes nothing.
+pub(crate) fn all_full(words: &Words, now: Nanos) -> bool {
+    words.iter().all(|&word| gcra::is_full(word, now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gcra::Quota;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn policy(quotas: &[(f64, u64)]) -> Policy {
+        Policy::new(quotas.iter().map(|&(r, c)| Quota::new(r, c).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn admits_only_when_every_quota_holds_the_cost() {
+        let p = policy(&[(10.0, 4), (1.0, 2)]);
+        let mut words = [Nanos::ZERO; MAX_QUOTAS];
+        let now = Nanos::new(100 * SEC);
+        for _ in 0..2 {
+            verdict([(0, &words, &p)].into_iter(), now, 1).unwrap();
+            apply(&mut words, &p, now, 1);
+        }
+        let before = words;
+        // Quota 0 still holds 2; quota 1 is empty and binds, 1 s away.
+        assert_eq!(
+            verdict([(0, &words, &p)].into_iter(), now, 1),
+            Err(CompoundDenial::InsufficientTokens {
+                retry_after: Duration::from_secs(1),
+                scope: 0,
+                quota: 1
+            })
+        );
+        assert_eq!(words, before);
+        let d = summary([(0, &words, &p)].into_iter(), now);
+        assert_eq!((d.remaining, d.scope, d.quota, d.limit), (0, 0, 1, 2));
+        assert_eq!(d.reset_after, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_latest_wait_binds() {
+        let fast = policy(&[(1.0, 1)]);
+        let slow = policy(&[(0.5, 1)]);
+        let now = Nanos::new(SEC);
+        let mut a = [Nanos::ZERO; MAX_QUOTAS];
+        let mut b = [Nanos::ZERO; MAX_QUOTAS];
+        apply(&mut a, &fast, now, 1);
+        apply(&mut b, &slow, now, 1);
+        assert_eq!(
+            verdict([(1, &b, &slow), (0, &a, &fast)].into_iter(), now, 1),
+            Err(CompoundDenial::InsufficientTokens {
+                retry_after: Duration::from_secs(2),
+                scope: 1,
+                quota: 0
+            })
+        );
+    }
+
+    #[test]
+    fn costs_above_a_capacity_are_named() {
+        let p = policy(&[(1.0, 5), (1.0, 3)]);
+        assert_eq!(
+            check_costs([&p, &p].into_iter(), 4),
+            Err(CompoundDenial::ExceedsCapacity {
+                cost: 4,
+                capacity: 3,
+                scope: 0,
+                quota: 1
+            })
+        );
+        assert_eq!(check_costs([&p].into_iter(), 3), Ok(()));
+    }
+}
