@@ -40,7 +40,7 @@ pub struct Decision {
 impl Decision {
     /// The bucket's state after an admitted call: its word `full_at` at
     /// `now` under `quota`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(full_at: Nanos, now: Nanos, quota: &Quota) -> Decision {
         Decision {
             full_at,

@@ -103,7 +103,7 @@ pub trait Limiter<Q: ?Sized = str> {
     /// Returns whether the call is admitted. A denied call changes nothing;
     /// so does an invalid instant (denied).
     #[must_use]
-    #[inline]
+    #[inline(always)]
     fn allow(&self, key: &Q, at: impl Into<At>) -> bool {
         self.check(key, at, 1).is_ok()
     }
@@ -112,7 +112,7 @@ pub trait Limiter<Q: ?Sized = str> {
     /// many. Cost 0 is always admitted (at a valid instant) and changes
     /// nothing; a cost above the capacity is never admitted.
     #[must_use]
-    #[inline]
+    #[inline(always)]
     fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
         self.check(key, at, cost).is_ok()
     }
@@ -131,7 +131,7 @@ pub trait Limiter<Q: ?Sized = str> {
     /// - [`Denial::LimiterFull`] for a new key at the bucket cap;
     ///
     /// or `None` when a backend could not decide (Redis down, fail-closed).
-    #[inline]
+    #[inline(always)]
     fn check(&self, key: &Q, at: impl Into<At>, cost: u64) -> Result<Decision, Self::Error> {
         self.check_under(key, at.into(), cost, &self.quota())
     }

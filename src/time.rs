@@ -229,21 +229,21 @@ pub enum At {
 pub struct Now;
 
 impl From<f64> for At {
-    #[inline]
+    #[inline(always)]
     fn from(secs: f64) -> At {
         At::Secs(secs)
     }
 }
 
 impl From<Duration> for At {
-    #[inline]
+    #[inline(always)]
     fn from(since_epoch: Duration) -> At {
         At::Since(since_epoch)
     }
 }
 
 impl From<Now> for At {
-    #[inline]
+    #[inline(always)]
     fn from(_: Now) -> At {
         At::Now
     }
@@ -252,7 +252,7 @@ impl From<Now> for At {
 impl At {
     /// The caller's instant in validated nanoseconds: `Some(None)` for an
     /// invalid one, `None` for [`At::Now`] (the backend reads its clock).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn caller_nanos(self) -> Option<Option<Nanos>> {
         match self {
             At::Secs(secs) => Some(nanos_from_secs(secs)),
@@ -263,7 +263,7 @@ impl At {
 
     /// This instant in validated nanoseconds, reading `clock` for
     /// [`At::Now`]; `None` for an instant out of range.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn nanos(self, clock: &dyn Clock) -> Option<Nanos> {
         match self.caller_nanos() {
             Some(nanos) => nanos,

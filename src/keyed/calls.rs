@@ -1,6 +1,8 @@
 //! The in-memory backend of the one front end ([`Limiter`]): the keyed
 //! limiter and a handle each write `check_under` and `remaining_under`
-//! once; every other call is the trait's.
+//! once, over one spend (`spend_under`); `allow` and `allow_n` ask the same
+//! spend only whether it was admitted, building no `Decision`. Every other
+//! call is the trait's.
 
 use super::{BucketHandle, TokenBucketLimiter};
 use crate::bucket::{MOVED, RETIRED};
@@ -14,17 +16,19 @@ use std::borrow::Borrow;
 use std::future::{ready, Future};
 use std::hash::{BuildHasher, Hash};
 
-/// `charge` at `now` (`None`: an invalid instant, denied): the decision,
-/// which `record` sees.
+/// `charge` at `now` (`None`: an invalid instant, denied): the instant and
+/// the bucket's new word, or the denial; `record` sees the decision. The
+/// one decision of both in-memory front ends: `check` makes a [`Decision`]
+/// of it, `allow` (overridden for this) only asks whether it is `Ok`, so a
+/// boolean call builds nothing it does not read.
 #[inline(always)]
 fn decide_at(
     now: Option<Nanos>,
-    quota: &Quota,
     charge: impl FnOnce(Nanos) -> Result<Nanos, Denial>,
     record: impl FnOnce(Option<Nanos>, Result<(), &Denial>),
-) -> Result<Decision, Denial> {
+) -> Result<(Nanos, Nanos), Denial> {
     let decided = match now {
-        Some(now) => charge(now).map(|word| Decision::new(word, now, quota)),
+        Some(now) => charge(now).map(|word| (now, word)),
         None => Err(Denial::InvalidTimestamp),
     };
     record(now, decided.as_ref().map(|_| ()));
@@ -54,23 +58,26 @@ where
 {
     type Error = Denial;
 
-    #[inline]
+    #[inline(always)]
     fn quota(&self) -> Quota {
         self.quota.load()
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_under(&self, key: &Q, at: At, cost: u64, quota: &Quota) -> Result<Decision, Denial> {
-        decide_at(
-            at.nanos(&*self.clock),
-            quota,
-            |now| self.charge(key, now, cost, quota),
-            // The offenders' epochs count plain nanoseconds.
-            |now, decided| {
-                self.observer
-                    .decided(key, now.map(Nanos::as_u64), cost, decided)
-            },
-        )
+        self.spend_under(key, at, cost, quota)
+            .map(|(now, word)| Decision::new(word, now, quota))
+    }
+
+    #[inline(always)]
+    fn allow(&self, key: &Q, at: impl Into<At>) -> bool {
+        Limiter::allow_n(self, key, at, 1)
+    }
+
+    #[inline(always)]
+    fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
+        self.spend_under(key, at.into(), cost, &self.quota.load())
+            .is_ok()
     }
 
     fn remaining_under(&self, key: &Q, at: At, quota: &Quota) -> Result<u64, Denial> {
@@ -114,6 +121,47 @@ where
     }
 }
 
+/// The spends both in-memory front ends decide with (see `decide_at`).
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
+    /// Spends `cost` from `key`'s bucket at `at` under `quota`: the instant
+    /// and the new word, or the denial; counted.
+    #[inline(always)]
+    fn spend_under<Q>(
+        &self,
+        key: &Q,
+        at: At,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<(Nanos, Nanos), Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        decide_at(
+            at.nanos(&*self.clock),
+            |now| self.charge(key, now, cost, quota),
+            // The offenders' epochs count plain nanoseconds.
+            |now, decided| {
+                self.observer
+                    .decided(key, now.map(Nanos::as_u64), cost, decided)
+            },
+        )
+    }
+}
+
+impl BucketHandle {
+    /// Spends `cost` from the handle's bucket at `at` under `quota`, as the
+    /// keyed `spend_under`.
+    #[inline(always)]
+    fn spend_under(&self, at: At, cost: u64, quota: &Quota) -> Result<(Nanos, Nanos), Denial> {
+        decide_at(
+            at.nanos(&*self.clock),
+            |now| self.charge(now, cost, quota),
+            |now, decided| self.tally.decided(now.map(Nanos::as_u64), cost, decided),
+        )
+    }
+}
+
 /// # Calls without importing the trait
 ///
 /// The seed's form, `limiter.allow("key1", 0.0)`, works with nothing but
@@ -135,7 +183,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(!limiter.allow("k", f64::NAN));
     /// ```
     #[must_use]
-    #[inline]
+    #[inline(always)]
     pub fn allow<Q>(&self, key: &Q, at: impl Into<At>) -> bool
     where
         K: Borrow<Q>,
@@ -158,7 +206,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(!limiter.allow_n("k", 100.0, 4));
     /// ```
     #[must_use]
-    #[inline]
+    #[inline(always)]
     pub fn allow_n<Q>(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool
     where
         K: Borrow<Q>,
@@ -188,7 +236,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(matches!(limiter.check("k", 0.0, 9), Err(Denial::ExceedsCapacity { .. })));
     /// assert_eq!(limiter.check("k", -1.0, 1).unwrap_err(), Denial::InvalidTimestamp);
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn check<Q>(&self, key: &Q, at: impl Into<At>, cost: u64) -> Result<Decision, Denial>
     where
         K: Borrow<Q>,
@@ -261,19 +309,26 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 impl Limiter<()> for BucketHandle {
     type Error = Denial;
 
-    #[inline]
+    #[inline(always)]
     fn quota(&self) -> Quota {
         self.quota.load()
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_under(&self, _: &(), at: At, cost: u64, quota: &Quota) -> Result<Decision, Denial> {
-        decide_at(
-            at.nanos(&*self.clock),
-            quota,
-            |now| self.charge(now, cost, quota),
-            |now, decided| self.tally.decided(now.map(Nanos::as_u64), cost, decided),
-        )
+        self.spend_under(at, cost, quota)
+            .map(|(now, word)| Decision::new(word, now, quota))
+    }
+
+    #[inline(always)]
+    fn allow(&self, _: &(), at: impl Into<At>) -> bool {
+        self.spend_under(at.into(), 1, &self.quota.load()).is_ok()
+    }
+
+    #[inline(always)]
+    fn allow_n(&self, _: &(), at: impl Into<At>, cost: u64) -> bool {
+        self.spend_under(at.into(), cost, &self.quota.load())
+            .is_ok()
     }
 
     fn remaining_under(&self, _: &(), at: At, quota: &Quota) -> Result<u64, Denial> {
@@ -326,7 +381,7 @@ impl BucketHandle {
     /// assert!(!handle.allow(0.0));
     /// ```
     #[must_use]
-    #[inline]
+    #[inline(always)]
     pub fn allow(&self, at: impl Into<At>) -> bool {
         Limiter::allow(self, &(), at)
     }
@@ -343,7 +398,7 @@ impl BucketHandle {
     /// assert!(!handle.allow_n(0.0, 1));
     /// ```
     #[must_use]
-    #[inline]
+    #[inline(always)]
     pub fn allow_n(&self, at: impl Into<At>, cost: u64) -> bool {
         Limiter::allow_n(self, &(), at, cost)
     }
@@ -362,7 +417,7 @@ impl BucketHandle {
     /// let handle = TokenBucketLimiter::new(1.0, 3).bucket("k");
     /// assert_eq!(handle.check(0.0, 1).map(|d| d.remaining()), Ok(2));
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn check(&self, at: impl Into<At>, cost: u64) -> Result<Decision, Denial> {
         Limiter::check(self, &(), at, cost)
     }
