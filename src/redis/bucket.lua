@@ -31,7 +31,17 @@
 -- ARGV[9]  the new word, `gcra::decide` on the expected word
 -- ARGV[10] its TTL in milliseconds (the floor and the 1 ms minimum applied)
 -- When the key holds exactly ARGV[8], the script writes ARGV[9] with no
--- arithmetic at all (the fast path); otherwise it decides below.
+-- arithmetic and no conversion at all (the fast path); otherwise it
+-- decides below.
+--
+-- Expiry, with no read of the old TTL. With the caller's time the key
+-- gets `PX` = new word - now (rounded up to the ms, at least the floor and
+-- 1 ms): Redis counts it from when the script runs, after the caller took
+-- its timestamp, so the key outlives the word on the caller's timeline.
+-- At Redis's clock (`TIME`, Unix time, Redis's own clock for expiry too)
+-- the key expires at the absolute instant `PXAT` = the new word rounded up
+-- to the ms (later if the floor says so), which only moves forward as the
+-- word does: exact, and never brought closer.
 --
 -- Returns {admitted (1 or 0), the word read ('' for a missing key), now
 -- seconds, now nanoseconds}, or {1, the word read} from the fast path. A
@@ -42,22 +52,15 @@ local stored = redis.call('GET', key)
 if not stored then
   stored = ''
 end
-local len = #stored
 
 if stored == ARGV[8] then
-  local ttl = tonumber(ARGV[10])
-  if len > 0 then
-    local old = redis.call('PTTL', key)
-    if old > ttl then
-      ttl = old
-    end
-  end
-  redis.call('SET', key, ARGV[9], 'PX', ttl)
+  redis.call('SET', key, ARGV[9], 'PX', ARGV[10])
   return {1, stored}
 end
 
+local server = ARGV[1] == 'time'
 local now_s, now_n
-if ARGV[1] == 'time' then
+if server then
   -- Redis < 7 replicates scripts verbatim unless told to replicate their
   -- effects, and refuses a write after TIME in that mode. Redis 7 (which
   -- has REDIS_VERSION_NUM) always replicates effects.
@@ -73,6 +76,7 @@ end
 -- The word, split into limbs without ever forming the whole number. A
 -- value that is not one is caught below before anything is written, and by
 -- Rust on every path.
+local len = #stored
 local full_s, full_n = 0, 0
 if len > 9 then
   full_s, full_n = tonumber(string.sub(stored, 1, len - 9)), tonumber(string.sub(stored, len - 8))
@@ -100,18 +104,11 @@ if len > 20 or string.find(stored, '%D') then
   return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
 end
 
--- The refill lacking after this call: spend, plus what the bucket already
--- lacks at now (nothing when it is full).
-local miss_s, miss_n = spend_s, spend_n
+-- The new word: max(full_at, now) + spend.
+local new_s, new_n = now_s + spend_s, now_n + spend_n
 if full_s > now_s or (full_s == now_s and full_n > now_n) then
-  miss_s, miss_n = miss_s + full_s - now_s, miss_n + full_n - now_n
-  if miss_n < 0 then
-    miss_s, miss_n = miss_s - 1, miss_n + 1000000000
-  elseif miss_n >= 1000000000 then
-    miss_s, miss_n = miss_s + 1, miss_n - 1000000000
-  end
+  new_s, new_n = full_s + spend_s, full_n + spend_n
 end
-local new_s, new_n = now_s + miss_s, now_n + miss_n
 if new_n >= 1000000000 then
   new_s, new_n = new_s + 1, new_n - 1000000000
 end
@@ -123,22 +120,25 @@ else
 end
 
 -- The key lives until the bucket is full again (rounded up to the
--- millisecond, at least 1 ms): then it is indistinguishable from a missing
--- key. An admission never brings an existing key's expiry closer (which
--- only a caller whose clock runs ahead of the others' could ask for).
-local ttl = miss_s * 1000 + math.ceil(miss_n / 1000000)
+-- millisecond, at least the floor and 1 ms): then it is indistinguishable
+-- from a missing key.
 local min_ttl = tonumber(ARGV[7])
-if ttl < min_ttl then
-  ttl = min_ttl
+if min_ttl < 1 then
+  min_ttl = 1
 end
-if len > 0 then
-  local old = redis.call('PTTL', key)
-  if old > ttl then
-    ttl = old
+if server and redis.REDIS_VERSION_NUM then
+  -- Redis 7: at the instant the word names, on the clock that expires it.
+  local at = new_s * 1000 + math.ceil(new_n / 1000000)
+  local floor = now_s * 1000 + math.floor(now_n / 1000000) + min_ttl
+  if at < floor then
+    at = floor
   end
+  redis.call('SET', key, word, 'PXAT', at)
+else
+  local ttl = (new_s - now_s) * 1000 + math.ceil((new_n - now_n) / 1000000)
+  if ttl < min_ttl then
+    ttl = min_ttl
+  end
+  redis.call('SET', key, word, 'PX', ttl)
 end
-if ttl < 1 then
-  ttl = 1
-end
-redis.call('SET', key, word, 'PX', ttl)
 return {1, stored, now_s, now_n}

@@ -256,10 +256,12 @@ impl<C> RedisLimiter<C> {
     /// others sets TTLs `d` too short, and made-up timestamps (a
     /// simulation, a test) may not advance in real time at all: a key could
     /// then expire before the callers' timeline reaches the instant its
-    /// bucket is full, refilling it early. A floor above the clocks' largest
-    /// disagreement (or longer than such a run) prevents that. A longer TTL never changes a decision,
-    /// it only keeps idle keys longer. The floor is capped at about 292
-    /// years.
+    /// bucket is full, refilling it early. After an admission a bucket is
+    /// full again within the quota's window (capacity times interval), so a
+    /// floor of at least the window plus the clocks' largest disagreement
+    /// (or longer than such a run) prevents that on every caller's
+    /// timeline. A longer TTL never changes a decision, it only keeps idle
+    /// keys longer. The floor is capped at about 292 years.
     ///
     /// # Examples
     ///

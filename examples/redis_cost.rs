@@ -1,0 +1,156 @@
+//! Redis's own CPU per decision (`INFO commandstats`, `cmdstat_evalsha`
+//! usec_per_call, after `CONFIG RESETSTAT`) for the script's cases, one
+//! call at a time, on a server with nothing else to do:
+//!
+//! ```text
+//! redis-server --port 24711 --bind 127.0.0.1 --save '' --appendonly no \
+//!     --daemonize yes --dir "$(mktemp -d)"
+//! KEYRATE_REDIS_URL=redis://127.0.0.1:24711 \
+//!     cargo run --release --features redis --example redis_cost [calls] [rounds]
+//! ```
+//!
+//! Each case makes `calls` calls (default 20,000), `rounds` times (default
+//! 5), and prints the lowest and the median usec_per_call of its rounds.
+
+use keyrate::{AsyncLimiter, Decision, Now, Quota, RedisDenial, RedisLimiter, Refusal};
+use redis::aio::MultiplexedConnection;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Case {
+    /// Admitted, existing key, caller timestamps, mirror on: the fast path.
+    AdmitFast,
+    /// Admitted, existing key, caller timestamps, mirror off: general path.
+    AdmitGeneral,
+    /// Admitted, existing key, at `Now`.
+    AdmitNow,
+    /// Denied, existing key, caller timestamps (mirror off, so it reaches Redis).
+    Denied,
+    /// Denied, existing key, at `Now` (mirror off).
+    DeniedNow,
+    /// A new key per call, caller timestamps, mirror on: the fast path.
+    NewFast,
+    /// A new key per call, caller timestamps, mirror off.
+    NewGeneral,
+    /// A new key per call, at `Now`.
+    NewNow,
+}
+
+const CASES: [(Case, &str); 8] = [
+    (
+        Case::AdmitFast,
+        "admitted, existing key, caller time (fast path)",
+    ),
+    (
+        Case::AdmitGeneral,
+        "admitted, existing key, caller time, no mirror",
+    ),
+    (Case::AdmitNow, "admitted, existing key, Now"),
+    (Case::Denied, "denied, caller time"),
+    (Case::DeniedNow, "denied, Now"),
+    (Case::NewFast, "new key, caller time (fast path)"),
+    (Case::NewGeneral, "new key, caller time, no mirror"),
+    (Case::NewNow, "new key, Now"),
+];
+
+fn decided(answer: Result<Decision, RedisDenial>) -> Result<bool, Error> {
+    match answer {
+        Ok(_) => Ok(true),
+        Err(err) if err.denial().is_some() => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+fn unix() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
+}
+
+async fn usec_per_call(conn: &mut MultiplexedConnection) -> Result<(f64, u64), Error> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .ok_or("no cmdstat_evalsha")?;
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|f| f.strip_prefix(name))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok((field("usec_per_call="), field("calls=") as u64))
+}
+
+async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Error> {
+    let admit = Quota::new(1e9, 1 << 40)?;
+    let deny = Quota::new(1e-6, 1)?;
+    let denying = matches!(case, Case::Denied | Case::DeniedNow);
+    let mirror = matches!(case, Case::AdmitFast | Case::NewFast);
+    let mut limiter = RedisLimiter::connect(url, if denying { deny } else { admit })
+        .await?
+        .with_prefix(format!("keyrate-cost:{tag}:"));
+    if !mirror {
+        limiter = limiter.with_mirror_capacity(0);
+    }
+    let now_case = matches!(case, Case::AdmitNow | Case::DeniedNow | Case::NewNow);
+    let new_key = matches!(case, Case::NewFast | Case::NewGeneral | Case::NewNow);
+    // Load the script and create the existing key (spent to empty when
+    // denying).
+    if now_case {
+        decided(limiter.check("k", Now, 1).await)?;
+    } else {
+        decided(limiter.check("k", unix(), 1).await)?;
+    }
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await?;
+    let mut admitted = 0;
+    for i in 0..calls {
+        let key = if new_key { format!("n{i}") } else { "k".into() };
+        let answer = if now_case {
+            limiter.check(key.as_str(), Now, 1).await
+        } else {
+            limiter.check(key.as_str(), unix(), 1).await
+        };
+        admitted += usize::from(decided(answer)?);
+    }
+    let (usec, seen) = usec_per_call(&mut conn).await?;
+    let expect = if denying { 0 } else { calls };
+    if admitted != expect || seen != calls as u64 {
+        return Err(format!("{case:?}: {admitted} admitted, {seen} EVALSHA of {calls}").into());
+    }
+    limiter.reset_all().await?;
+    Ok(usec)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Error> {
+    let url = std::env::var("KEYRATE_REDIS_URL")
+        .map_err(|_| "set KEYRATE_REDIS_URL, e.g. redis://127.0.0.1:24711")?;
+    let mut args = std::env::args().skip(1);
+    let calls: usize = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(20_000);
+    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let stamp = unix().as_nanos();
+    println!("{:<50} {:>8} {:>8}", "case", "min us", "median");
+    for (case, name) in CASES {
+        let mut all = Vec::new();
+        for r in 0..rounds {
+            all.push(round(&url, case, calls, &format!("{stamp}:{case:?}:{r}")).await?);
+        }
+        all.sort_by(f64::total_cmp);
+        println!("{name:<50} {:>8.2} {:>8.2}", all[0], all[all.len() / 2]);
+    }
+    Ok(())
+}
