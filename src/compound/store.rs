@@ -108,7 +108,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).lock().get(key).map(Arc::clone)
+        self.shard(key).lock().get(key).cloned()
     }
 
     /// The key's cell, made (full) if it has none, unless the map holds
