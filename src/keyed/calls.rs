@@ -125,7 +125,11 @@ where
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Spends `cost` from `key`'s bucket at `at` under `quota`: the instant
     /// and the new word, or the denial; counted.
-    #[inline(always)]
+    ///
+    /// One call, not inlined: the instant's conversion, the map path and
+    /// the count stay together out of the caller's loop, which otherwise
+    /// spills around them (paired-harness callgrind: see BENCHMARKS.md).
+    #[inline(never)]
     fn spend_under<Q>(
         &self,
         key: &Q,
