@@ -208,7 +208,7 @@ fn reset_races_retirement() {
 #[should_panic(expected = "not linearizable")]
 fn broken_blind_reset_revives_a_retired_bucket() {
     model(
-        "8 broken: a reset that stores 0 over a retired bucket",
+        "12 broken: a reset that stores 0 over a retired bucket",
         || {
             check::<BlindReset>(
                 SEC,
