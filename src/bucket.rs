@@ -231,3 +231,23 @@ impl Bucket {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_fills_a_live_bucket_and_leaves_the_markers_alone() {
+        let bucket = Bucket::with_word(5_000);
+        assert_eq!(bucket.reset(), Ok(()));
+        assert_eq!(bucket.word(), 0);
+        assert_eq!(bucket.reset(), Ok(()));
+        assert_eq!(bucket.word(), 0);
+        let retired = Bucket::with_word(RETIRED);
+        assert_eq!(retired.reset(), Err(SpendError::Retired));
+        assert_eq!(retired.word(), RETIRED);
+        let moved = Bucket::with_word(MOVED);
+        assert_eq!(moved.reset(), Err(SpendError::Moved));
+        assert_eq!(moved.word(), MOVED);
+    }
+}

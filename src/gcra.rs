@@ -397,6 +397,37 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
+    #[test]
+    fn with_interval_reports_its_rate_interval_and_window() {
+        // Computed apart from the code: 1e9 ns / 4 ns = 2.5e8 tokens/s.
+        let quota = Quota::with_interval(Duration::from_nanos(4), 3).unwrap();
+        assert_eq!(quota.rate(), 2.5e8);
+        assert_eq!(quota.interval(), Duration::from_nanos(4));
+        assert_eq!(quota.window(), Nanos::new(12));
+        // 4 tokens/s: 250 ms a token, 1 s for a bucket of 4.
+        let quota = Quota::new(4.0, 4).unwrap();
+        assert_eq!(quota.interval(), Duration::from_millis(250));
+        assert_eq!(quota.window(), Nanos::new(SEC));
+    }
+
+    #[test]
+    fn the_refill_window_reaches_two_to_the_63_minus_2_and_no_further() {
+        // 2^63 - 2 ns, written out rather than taken from the constant.
+        let largest = (1u64 << 63) - 2;
+        let quota = Quota::with_interval(Duration::from_nanos(largest), 1).unwrap();
+        assert_eq!(quota.window(), Nanos::new(largest));
+        assert!(matches!(
+            Quota::with_interval(Duration::from_nanos(largest + 1), 1),
+            Err(ConfigError::WindowTooLong { capacity: 1, .. })
+        ));
+        // The same edge reached by the capacity: 2 ns a token.
+        assert!(Quota::with_interval(Duration::from_nanos(2), (1 << 62) - 1).is_ok());
+        assert!(matches!(
+            Quota::with_interval(Duration::from_nanos(2), 1 << 62),
+            Err(ConfigError::WindowTooLong { .. })
+        ));
+    }
+
     fn quota(rate: f64, capacity: u64) -> Quota {
         Quota::new(rate, capacity).unwrap()
     }
