@@ -126,10 +126,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Spends `cost` from `key`'s bucket at `at` under `quota`: the instant
     /// and the new word, or the denial; counted.
     ///
-    /// One call, not inlined: the instant's conversion, the map path and
-    /// the count stay together out of the caller's loop, which otherwise
-    /// spills around them (paired-harness callgrind: see BENCHMARKS.md).
-    #[inline(never)]
+    /// The instant is read here, where the caller's kind of `At` is known
+    /// and its `match` folds away; the rest is one call, not inlined: the
+    /// map path and the count stay together out of the caller's loop,
+    /// which otherwise spills around them (paired-harness callgrind: see
+    /// BENCHMARKS.md).
+    #[inline(always)]
     fn spend_under<Q>(
         &self,
         key: &Q,
@@ -141,8 +143,25 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.spend_at(key, at.nanos(&*self.clock), cost, quota)
+    }
+
+    /// [`spend_under`](Self::spend_under) at a validated instant (`None`:
+    /// invalid, denied).
+    #[inline(never)]
+    fn spend_at<Q>(
+        &self,
+        key: &Q,
+        now: Option<Nanos>,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<(Nanos, Nanos), Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         decide_at(
-            at.nanos(&*self.clock),
+            now,
             |now| self.charge(key, now, cost, quota),
             // The offenders' epochs count plain nanoseconds.
             |now, decided| {
