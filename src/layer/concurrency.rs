@@ -79,8 +79,6 @@ fn default_max(_: &Parts) -> Option<u32> {
 /// ```
 pub struct ConcurrencyLimitLayer<F, K = String, P = DefaultMax, S = DefaultHasher> {
     shared: Arc<Shared<F, K, P, S>>,
-    /// Shared by every service made, for [`responses`](Self::responses).
-    responses: ResponseCounts,
 }
 
 /// What a layer and every service it made share.
@@ -118,17 +116,15 @@ impl<F, K, S> ConcurrencyLimitLayer<F, K, DefaultMax, S> {
     where
         F: Fn(&Parts) -> Option<K>,
     {
-        let responses = ResponseCounts::new();
         ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
                 key,
                 max: default_max,
                 max_wait: Duration::ZERO,
-                responses: responses.clone(),
+                responses: ResponseCounts::new(),
                 max_key_len: DEFAULT_MAX_KEY_LEN,
             }),
-            responses,
         }
     }
 }
@@ -142,7 +138,6 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     ) -> ConcurrencyLimitLayer<F, K, P2, S> {
         ConcurrencyLimitLayer {
             shared: Arc::new(change(unshared(self.shared, "ConcurrencyLimitLayer"))),
-            responses: self.responses,
         }
     }
 
@@ -268,12 +263,12 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     /// ```
     #[must_use]
     pub fn responses(&self) -> Responses {
-        self.responses.read()
+        self.shared.responses.read()
     }
 
     #[cfg(feature = "prometheus")]
     pub(crate) fn response_counts(&self) -> ResponseCounts {
-        self.responses.clone()
+        self.shared.responses.clone()
     }
 }
 
@@ -281,7 +276,6 @@ impl<F, K, P, S> Clone for ConcurrencyLimitLayer<F, K, P, S> {
     fn clone(&self) -> Self {
         ConcurrencyLimitLayer {
             shared: Arc::clone(&self.shared),
-            responses: self.responses.clone(),
         }
     }
 }

@@ -126,8 +126,6 @@ fn default_quota(_: &Parts) -> Option<Quota> {
 /// ```
 pub struct RateLimitLayer<L, F, K = String, C = UnitCost, P = DefaultQuota> {
     shared: Arc<Shared<L, F, C, P>>,
-    /// Shared by every service made, for [`responses`](Self::responses).
-    responses: ResponseCounts,
     key: PhantomData<fn() -> K>,
 }
 
@@ -167,7 +165,6 @@ impl<L, F, K> RateLimitLayer<L, F, K> {
     where
         F: Fn(&Parts) -> Option<K>,
     {
-        let responses = ResponseCounts::new();
         RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
@@ -175,10 +172,9 @@ impl<L, F, K> RateLimitLayer<L, F, K> {
                 cost: unit_cost,
                 quota: default_quota,
                 fields: Fields::new("default"),
-                responses: responses.clone(),
+                responses: ResponseCounts::new(),
                 max_key_len: DEFAULT_MAX_KEY_LEN,
             }),
-            responses,
             key: PhantomData,
         }
     }
@@ -193,7 +189,6 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
     ) -> RateLimitLayer<L, F, K, C2, P2> {
         RateLimitLayer {
             shared: Arc::new(change(unshared(self.shared, "RateLimitLayer"))),
-            responses: self.responses,
             key: PhantomData,
         }
     }
@@ -363,12 +358,12 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
     /// (see [`Responses`] for an example).
     #[must_use]
     pub fn responses(&self) -> Responses {
-        self.responses.read()
+        self.shared.responses.read()
     }
 
     #[cfg(feature = "prometheus")]
     pub(crate) fn response_counts(&self) -> ResponseCounts {
-        self.responses.clone()
+        self.shared.responses.clone()
     }
 }
 
@@ -376,7 +371,6 @@ impl<L, F, K, C, P> Clone for RateLimitLayer<L, F, K, C, P> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             shared: Arc::clone(&self.shared),
-            responses: self.responses.clone(),
             key: PhantomData,
         }
     }
