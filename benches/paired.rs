@@ -175,6 +175,38 @@ fn median(mut values: Vec<f64>) -> (f64, f64, f64) {
     )
 }
 
+/// `KEYRATE_PAIRED_PROFILE=N`: runs only competitor `N` (0 governor, 1
+/// keyrate as users get it, then the table's columns in order), one
+/// thread, `rounds` slices per scenario, timing nothing: a run to count
+/// under callgrind, where the thread handshake of two-thread slices would
+/// add a scheduler-dependent spin. The binary is the benchmark's own, so
+/// the compiler's inlining is the one the ratios measure.
+///
+/// ```text
+/// KEYRATE_PAIRED_PROFILE=1 KEYRATE_PAIRED_ONLY="1 hammered" KEYRATE_PAIRED_ROUNDS=1 \
+///     valgrind --tool=callgrind target/release/deps/paired-* --bench
+/// ```
+fn profile(scenarios: &[(String, Spec, usize, Pick)], rounds: usize, which: usize) {
+    let sim = AtomicU64::new(1_000_000_000);
+    for &(_, spec, keys, pick) in scenarios {
+        let new_keys = match pick {
+            Pick::Everyday(_) => rounds * (SLICE / NEW_ONE_IN) as usize,
+            _ => 0,
+        };
+        let table: Arc<[String]> = (0..(keys + new_keys) as u64).map(api_key).collect();
+        let competitor = build(spec, &table).swap_remove(which);
+        if !matches!(pick, Pick::Fresh(_) | Pick::Everyday(_)) {
+            let base = sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed);
+            competitor.warm(keys, base);
+        }
+        for round in 0..rounds {
+            let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
+            let fresh = keys + round * (SLICE / NEW_ONE_IN) as usize;
+            competitor.slice(1, pick, base, fresh);
+        }
+    }
+}
+
 fn main() {
     let rounds: usize = std::env::var("KEYRATE_PAIRED_ROUNDS")
         .ok()
@@ -209,6 +241,14 @@ fn main() {
             std::env::var("KEYRATE_PAIRED_ONLY").map_or(true, |only| name.contains(&only))
         })
         .collect();
+    if let Ok(which) = std::env::var("KEYRATE_PAIRED_PROFILE") {
+        profile(
+            &scenarios,
+            rounds,
+            which.parse().expect("a competitor's column"),
+        );
+        return;
+    }
     println!(
         "median ratio to governor over {rounds} paired rounds [lowest-highest round], \
          {SLICE} calls per thread per slice; last column: buckets keyrate created \

@@ -117,6 +117,16 @@ pub trait Limiter<Q: ?Sized = str> {
         self.check(key, at, cost).is_ok()
     }
 
+    /// [`allow_n`](Self::allow_n) under `quota`: what
+    /// [`under(&quota)`](crate::Under) calls. A backend may answer it
+    /// without building the [`Decision`] that
+    /// [`check_under`](Self::check_under) returns.
+    #[must_use]
+    #[inline(always)]
+    fn allow_under(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool {
+        self.check_under(key, at.into(), cost, quota).is_ok()
+    }
+
     /// Spends `cost` tokens like [`allow_n`](Self::allow_n), and says why a
     /// denied call was denied; an admitted one returns its [`Decision`]
     /// (the tokens left, the time until full).

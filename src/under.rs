@@ -92,6 +92,21 @@ impl<L: Limiter<Q>, Q: ?Sized> Limiter<Q> for Under<'_, L> {
         self.target.check_under(key, at, cost, quota)
     }
 
+    #[inline(always)]
+    fn allow(&self, key: &Q, at: impl Into<At>) -> bool {
+        self.target.allow_under(key, at, 1, &self.quota)
+    }
+
+    #[inline(always)]
+    fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
+        self.target.allow_under(key, at, cost, &self.quota)
+    }
+
+    #[inline(always)]
+    fn allow_under(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool {
+        self.target.allow_under(key, at, cost, quota)
+    }
+
     #[inline]
     fn remaining_under(&self, key: &Q, at: At, quota: &Quota) -> Result<u64, Self::Error> {
         self.target.remaining_under(key, at, quota)

@@ -76,8 +76,12 @@ where
 
     #[inline(always)]
     fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
-        self.spend_under(key, at.into(), cost, &self.quota.load())
-            .is_ok()
+        self.admit(key, at, cost, None)
+    }
+
+    #[inline(always)]
+    fn allow_under(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool {
+        self.admit(key, at, cost, Some(quota))
     }
 
     fn remaining_under(&self, key: &Q, at: At, quota: &Quota) -> Result<u64, Denial> {
@@ -121,6 +125,11 @@ where
     }
 }
 
+/// Names `allow`'s instance of the keyed spend (see `spend_inline`).
+enum AllowPath {}
+/// Names `check`'s instance of the keyed spend.
+enum CheckPath {}
+
 /// The spends both in-memory front ends decide with (see `decide_at`).
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Spends `cost` from `key`'s bucket at `at` under `quota`: the instant
@@ -146,6 +155,29 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.spend_at(key, at.nanos(&*self.clock), cost, quota)
     }
 
+    /// Whether `cost` spent from `key`'s bucket at `at` under `quota`
+    /// (`None`: the default quota, read here) is admitted: `allow`'s whole
+    /// call, out of line once per kind of time it is called with (whose
+    /// conversion then folds), and returning one register.
+    #[inline(never)]
+    fn admit<Q>(&self, key: &Q, at: impl Into<At>, cost: u64, quota: Option<&Quota>) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let now = at.into().nanos(&*self.clock);
+        let default;
+        let quota = match quota {
+            Some(quota) => quota,
+            None => {
+                default = self.quota.load();
+                &default
+            }
+        };
+        self.spend_inline::<AllowPath, Q>(key, now, cost, quota)
+            .is_ok()
+    }
+
     /// [`spend_under`](Self::spend_under) at a validated instant (`None`:
     /// invalid, denied).
     #[inline(never)]
@@ -160,9 +192,29 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.spend_inline::<CheckPath, Q>(key, now, cost, quota)
+    }
+
+    /// The body of [`spend_at`](Self::spend_at) and [`admit`](Self::admit),
+    /// instantiated once for each (`Path`), so that neither shares an
+    /// inlined step with the other: a step with two callers is not
+    /// inlined into either (paired-harness callgrind, hammered keys).
+    #[inline(always)]
+    fn spend_inline<Path, Q>(
+        &self,
+        key: &Q,
+        now: Option<Nanos>,
+        cost: u64,
+        quota: &Quota,
+    ) -> Result<(Nanos, Nanos), Denial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         decide_at(
             now,
-            |now| self.charge(key, now, cost, quota),
+            #[inline(always)]
+            |now| self.charge::<Path, Q>(key, now, cost, quota),
             // The offenders' epochs count plain nanoseconds.
             |now, decided| {
                 self.observer

@@ -26,8 +26,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// it from the key's bucket, wherever that bucket lives. Returns the
     /// bucket's new word. `quota` is the default quota or the caller's
     /// (see `plan`).
+    ///
+    /// `Path` only names the front-end call this is inlined into (see
+    /// `calls`): each gets its own copy of the hot path's closures, so
+    /// that every step of it is inlined whole into that one call.
+    #[allow(clippy::extra_unused_type_parameters)] // `Path`: see above
     #[inline(always)]
-    pub(super) fn charge<Q>(
+    pub(super) fn charge<Path, Q>(
         &self,
         key: &Q,
         now: Nanos,

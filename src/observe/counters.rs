@@ -195,18 +195,25 @@ impl Counters {
     #[cfg(feature = "redis")]
     #[inline]
     pub(crate) fn decided(&self, cost: u64, result: Result<(), &Denial>) {
-        self.decided_at(slot::index(), cost, result);
+        let _ = self.decided_at(slot::index(), cost, result);
     }
 
-    /// Counts one decided call of `cost` by the thread in slot `index`.
+    /// Counts one decided call of `cost` by the thread in slot `index`;
+    /// true if it was denied for want of tokens (the one denial that
+    /// counts as an offence, see `Observer::decided`).
     #[inline]
-    pub(crate) fn decided_at(&self, index: usize, cost: u64, result: Result<(), &Denial>) {
+    pub(crate) fn decided_at(&self, index: usize, cost: u64, result: Result<(), &Denial>) -> bool {
         match result {
             Ok(()) => {
                 self.0.add_at(index, Cell::Admitted as usize, 1);
                 self.0.add_at(index, Cell::AdmittedCost as usize, cost);
+                false
             }
-            Err(denial) => self.0.add_at(index, denial_cell(denial) as usize, 1),
+            Err(denial) => {
+                let cell = denial_cell(denial);
+                self.0.add_at(index, cell as usize, 1);
+                matches!(cell, Cell::InsufficientTokens)
+            }
         }
     }
 

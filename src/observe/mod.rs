@@ -60,8 +60,15 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
     }
 
     /// Records a decided call on `key` (`now`: its validated timestamp):
-    /// counts it, and an offence (see `offence`) in the offenders' sketch.
-    #[inline]
+    /// counts it, and an offence in the offenders' sketch.
+    ///
+    /// An offence is a denial for want of tokens
+    /// ([`Denial::InsufficientTokens`]), which only a key that has a
+    /// bucket, and has spent it, can get. Other denials spend nothing and
+    /// need no bucket (a cost above the capacity, a new key at the cap, a
+    /// bad timestamp): a flood of one-shot random keys could get them for
+    /// free, and would push real offenders out of the sketch.
+    #[inline(always)]
     pub(crate) fn decided<Q>(
         &self,
         key: &Q,
@@ -76,8 +83,8 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
             return;
         }
         let slot = slot::index();
-        self.counters.decided_at(slot, cost, result);
-        if let (Some(now), Some(offenders)) = (offence(result, now), &self.offenders) {
+        let offence = self.counters.decided_at(slot, cost, result);
+        if let (true, Some(now), Some(offenders)) = (offence, now, &self.offenders) {
             offenders.record(slot, self.hasher.hash_one(key), now, || key.to_owned());
         }
     }
@@ -97,20 +104,6 @@ impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
             key,
             hash,
         })))
-    }
-}
-
-/// The instant of a decision that counts as an offence, if it does: a
-/// denial for want of tokens ([`Denial::InsufficientTokens`]), which only a
-/// key that has a bucket, and has spent it, can get. Other denials spend
-/// nothing and need no bucket (a cost above the capacity, a new key at the
-/// cap, a bad timestamp): a flood of one-shot random keys could get them
-/// for free, and would push real offenders out of the sketch.
-#[inline]
-fn offence(result: Result<(), &Denial>, now: Option<u64>) -> Option<u64> {
-    match result {
-        Err(Denial::InsufficientTokens { .. }) => now,
-        _ => None,
     }
 }
 
@@ -135,8 +128,8 @@ where
     fn decided(&self, now: Option<u64>, cost: u64, result: Result<(), &Denial>) {
         let observer = &self.observer;
         let slot = slot::index();
-        observer.counters.decided_at(slot, cost, result);
-        if let (Some(now), Some(offenders)) = (offence(result, now), &observer.offenders) {
+        let offence = observer.counters.decided_at(slot, cost, result);
+        if let (true, Some(now), Some(offenders)) = (offence, now, &observer.offenders) {
             offenders.record(slot, self.hash, now, || self.key.clone());
         }
     }
