@@ -41,12 +41,20 @@
 //! Files: `mod.rs` (the rate layer's tower plumbing), `headers.rs` (the
 //! HTTP policy: header fields and refusals), `keys.rs` (key extraction),
 //! `concurrency.rs` (the concurrency layer), `held.rs` (its permit in the
-//! request and in the response body).
+//! request and in the response body), `length.rs` (the declared-length
+//! rule, for costs by the byte).
+//!
+//! A cost by body length reads the request's head, so it charges the
+//! declared `Content-Length` ([`declared_length`]); a
+//! [`DeclaredLengthLayer`] outside the rate layer makes that the truth:
+//! `411` for a body that declares no length (a chunked upload), and a
+//! body cut off with an error past its declared length.
 
 mod concurrency;
 mod headers;
 mod held;
 mod keys;
+mod length;
 
 pub use self::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService, DefaultMax};
 pub use self::headers::{
@@ -54,6 +62,10 @@ pub use self::headers::{
 };
 pub use self::held::{HeldPermit, PermitBody};
 pub use self::keys::{api_key_header, bearer_token, Limited, DEFAULT_MAX_KEY_LEN, X_API_KEY};
+pub use self::length::{
+    declared_length, BodyTooLong, DeclaredBody, DeclaredLengthFuture, DeclaredLengthLayer,
+    DeclaredLengthService,
+};
 
 use self::headers::Fields;
 use crate::gcra::Quota;
