@@ -1,27 +1,46 @@
 //! The streaming endpoint that `examples/streaming_server.rs` runs and
-//! `tests/server.rs` drives: an axum app modelling a real-time TTS service
-//! over WebSockets, gated by per-customer API keys.
+//! the `tests/server*.rs` drive: an axum app modelling a real-time TTS
+//! service over WebSockets, for the customers of a key table.
 //!
-//! Each API key has two budgets, both keyrate limiters:
+//! **Authentication first.** Every API route looks the request's key
+//! (`Authorization: Bearer <key>` or `X-API-Key`) up in a [`KeyTable`]
+//! (key -> customer id, organization, plan), in `auth.rs`. A missing or
+//! unknown key is `401` and a failed authentication of the client's
+//! address (axum's `ConnectInfo`), itself a keyrate limiter: after
+//! [`Limits::auth_failure_burst`] failures the address gets `429` with
+//! `Retry-After`, whatever key it sends, so guessing keys and floods of
+//! random keys are throttled, and reach no other limiter. A key header
+//! above 256 bytes is `431`. The limiters are keyed by customer id (or
+//! org id), never by the key: no limiter, metric or log holds a key.
 //!
-//! - **connections**: one token to open a WebSocket (spent by the
-//!   [`RateLimitLayer`] on the upgrade request) and one per synthesis
-//!   context opened on it. A voice agent opens a connection and several
-//!   contexts back-to-back at call start: the burst covers that.
-//! - **synthesis**: one token per character of text to speak, on the
-//!   WebSocket (`speak` messages) and over plain HTTP (`POST /v1/tts`, where
-//!   the layer's cost function charges the body's length).
+//! Each customer has two budgets and a concurrency limit:
 //!
-//! And a concurrency limit, a [`ConcurrencyLimiter`]: **streams**, the
-//! WebSockets a key holds open at once (free 2, pro 20). The
-//! [`ConcurrencyLimitLayer`] on the upgrade route takes a permit before
-//! the connections budget is spent (a refused stream costs no token;
-//! `429` with `X-Concurrency-Limit`), and the WebSocket handler takes the
-//! permit from the request ([`HeldPermit`]) into the stream's task, which
-//! holds it until the socket closes: by a close frame, or by the client
-//! vanishing (the server sees the TCP connection end).
+//! - **connections** (a [`TokenBucketLimiter`]): one token to open a
+//!   WebSocket (spent by the [`RateLimitLayer`] on the upgrade request) and
+//!   one per synthesis context opened on it. A voice agent opens a
+//!   connection and several contexts back-to-back at call start: the burst
+//!   covers that.
+//! - **synthesis** (a [`keyrate::CompoundLimiter`], `synthesis.rs`): one
+//!   token per character to speak, on the WebSocket (`speak` messages) and
+//!   over plain HTTP (`POST /v1/tts`, one per byte of the declared body),
+//!   charged all or nothing to the customer's plan, per second (with its
+//!   burst) and per day, and to its organization's ceiling, which all the
+//!   org's customers share. A call denied by one of them spends from none;
+//!   the denial names the scope and quota that bound it.
+//! - **streams** (a [`ConcurrencyLimiter`]): the WebSockets a customer
+//!   holds open at once (free 2, pro 20). The [`ConcurrencyLimitLayer`] on
+//!   the upgrade route takes a permit before the connections budget is
+//!   spent (a refused stream costs no token; `429` with
+//!   `X-Concurrency-Limit`), and the WebSocket handler takes the permit
+//!   from the request ([`keyrate::layer::HeldPermit`]) into the stream's
+//!   task, which holds it until the socket closes.
 //!
-//! The WebSocket protocol is JSON text frames. Client to server:
+//! `POST /v1/tts` charges its declared length: a [`DeclaredLengthLayer`]
+//! in front refuses a body without `Content-Length` (a chunked upload)
+//! with `411` before anything is charged, and cuts off a body longer than
+//! it declared.
+//!
+//! The WebSocket protocol (`ws.rs`) is JSON text frames. Client to server:
 //!
 //! ```text
 //! {"type":"open","context_id":"c1"}
@@ -29,37 +48,42 @@
 //! {"type":"close","context_id":"c1"}
 //! ```
 //!
-//! Server to client: `context_opened`, `audio` and `context_closed`, each
-//! with the budget's `remaining` tokens, or an error frame:
+//! Server to client: `context_opened`, `audio` and `context_closed`, with
+//! the budget's `remaining` tokens (on `audio`, also `customer_remaining`
+//! and `org_remaining`), or an error frame:
 //!
 //! ```text
-//! {"type":"error","code":"rate_limited","budget":"synthesis","context_id":"c1",
-//!  "cost":600,"retry_after":0.35,"retry_after_ms":350,"strikes":1,"max_strikes":5}
+//! {"type":"error","code":"rate_limited","budget":"synthesis","scope":"org","quota":"org",
+//!  "context_id":"c1","cost":600,"retry_after":0.35,"retry_after_ms":350,"strikes":1,"max_strikes":5}
 //! ```
 //!
-//! **Plans.** Keys starting `sk_pro_` are on the `pro` plan, every other
-//! key on `free`; each plan has its own quotas for both budgets, applied
-//! per request (`RateLimitLayer::with_quota`) and per message
-//! (`BucketHandle::under`), and its own streams limit
-//! (`ConcurrencyLimitLayer::with_max`). `PUT /admin/plans/{free,pro}`
-//! changes a plan live, body
-//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000,"max_streams":2}`
-//! (each within [`PLAN_BOUNDS`]; `max_streams` optional; another plan
-//! name is refused with 404; a lowered `max_streams` closes no stream);
-//! keys that already have buckets keep their time until full, turned into
-//! tokens by the new quota. `GET /admin/plans` lists them.
+//! Bounds: a message (and a frame) is at most [`Limits::max_message_bytes`]
+//! (64 KiB; above it the stream is closed with 1009, "message too big"), a
+//! context id at most 64 bytes (`context_id_too_long`), and a stream holds
+//! at most 8 contexts open (`too_many_contexts`).
 //!
-//! **Safe to copy.** The admin routes exist only when the app is given an
-//! admin token ([`App::with_admin_token`]; the server reads it from
-//! `KEYRATE_ADMIN_TOKEN` or `--admin-token`), and every one of them needs
-//! it in `X-Admin-Token`, compared in constant time before the request's
-//! body is read (bodies above 4 KiB are refused). `/metrics` names top
-//! offenders by their key's fingerprint, never the key (and the streams
-//! limiter's series name no key at all). Key headers above
-//! 256 bytes get 431, and each limiter holds at most
-//! [`Limits::max_buckets`] buckets (a handle's too; the streams limiter as
-//! many keys): a WebSocket upgrade refused at the cap gets 503 with
-//! `Retry-After`.
+//! **Plans** (`plans.rs`). The key table puts each customer on `free` or
+//! `pro`; each plan has its own quotas for both budgets, applied per
+//! request (`RateLimitLayer::with_quota`) and per message, and its own
+//! streams limit (`ConcurrencyLimitLayer::with_max`). `PUT
+//! /admin/plans/{free,pro}` changes a plan live, body
+//! `{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000,"daily_chars":200000,"max_streams":2}`
+//! (each within [`PLAN_BOUNDS`]; `daily_chars` and `max_streams`
+//! optional; another plan name is refused with 404; a lowered
+//! `max_streams` closes no stream); customers that already have buckets
+//! keep their time until full, turned into tokens by the new quota.
+//! `GET /admin/plans` lists them.
+//!
+//! **Tokens.** The admin routes exist only when the app is given an admin
+//! token ([`App::with_admin_token`]), and `/metrics` only when it is given
+//! a metrics token ([`App::with_metrics_token`], sent as `Authorization:
+//! Bearer`, as Prometheus does); each is compared in constant time from
+//! the headers, before any body is read (admin bodies above 4 KiB are
+//! refused). `/metrics` names top offenders by their customer id's (or,
+//! for failed authentications, address's) fingerprint; no key reaches it.
+//! Each limiter holds at most [`Limits::max_buckets`] buckets (a handle's
+//! too; the streams limiter as many customers): a WebSocket upgrade
+//! refused at the cap gets 503 with `Retry-After`.
 //!
 //! A request denied while the client should still be waiting (before the
 //! retry-after of an earlier denial) is a strike; an admitted request clears
