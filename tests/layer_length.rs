@@ -201,3 +201,19 @@ async fn lengths_that_are_not_one_number_are_refused_and_empty_bodies_pass() {
         "5"
     );
 }
+
+#[test]
+fn the_types_are_send_sync_and_the_error_says_what_was_wrong() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<DeclaredLengthLayer>();
+    assert_send_sync::<keyrate::layer::DeclaredLengthService<()>>();
+    assert_send_sync::<DeclaredBody<Full<Bytes>>>();
+    assert_send_sync::<BodyTooLong>();
+    let error: BoxError = Box::new(BodyTooLong { declared: 7 });
+    assert_eq!(
+        error.to_string(),
+        "the request body is longer than its Content-Length (7 bytes)"
+    );
+    // The layer is at the crate's root too.
+    let _: keyrate::DeclaredLengthLayer = DeclaredLengthLayer::default();
+}

@@ -136,6 +136,11 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let daily = r#"{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000,"daily_chars":1000000001}"#;
+    let response = send("PUT", "/admin/plans/free", Some(ADMIN_TOKEN), daily)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
     let fast = r#"{"connect_rate":1e9,"connect_burst":5,"synth_rate":500,"synth_burst":2000}"#;
     let response = send("PUT", "/admin/plans/pro", Some(ADMIN_TOKEN), fast)
         .await
