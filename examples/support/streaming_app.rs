@@ -143,8 +143,10 @@ pub struct Limits {
     /// Characters synthesized per day (refilled over the day).
     pub daily_chars: u64,
     /// Characters per second that all of an organization's customers
-    /// share, sustained, and back-to-back.
+    /// share, sustained.
     pub org_synth_rate: f64,
+    /// Characters that all of an organization's customers share,
+    /// back-to-back.
     pub org_synth_burst: u64,
     /// How long a `speak` may wait server-side for its characters before
     /// it is denied (absorbs jitter; zero denies at once).
@@ -158,8 +160,9 @@ pub struct Limits {
     /// WebSocket streams a customer holds open at once (at least 1).
     pub max_streams: u32,
     /// Failed authentications per second a client address may make,
-    /// sustained, and back-to-back, before it gets 429.
+    /// sustained, before it gets 429.
     pub auth_failure_rate: f64,
+    /// Failed authentications a client address may make back-to-back.
     pub auth_failure_burst: u64,
     /// The largest WebSocket message (and frame), in bytes.
     pub max_message_bytes: usize,
