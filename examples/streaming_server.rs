@@ -1,7 +1,9 @@
-//! A real-time TTS endpoint over WebSockets, rate-limited per API key.
+//! A real-time TTS endpoint over WebSockets, for the customers of a key
+//! table, rate-limited per customer and per organization.
 //!
 //! ```text
-//! KEYRATE_ADMIN_TOKEN=... KEYRATE_KEY_LABEL_SECRET=... \
+//! KEYRATE_KEY_TABLE=keys.txt KEYRATE_ADMIN_TOKEN=... KEYRATE_METRICS_TOKEN=... \
+//! KEYRATE_KEY_LABEL_SECRET=... \
 //!     cargo run --release --example streaming_server --all-features -- --port 0
 //! ```
 //!
@@ -12,21 +14,27 @@
 //! Configuration, from the environment (or flags, which other users of
 //! the machine can read in the process list):
 //!
+//! - `KEYRATE_KEY_TABLE` (`--keys FILE`): the API keys, one a line,
+//!   `key customer org plan` (plan `free` or `pro`; `#` starts a comment).
+//!   Unset, a built-in demo table of public keys (`sk_agent_demo`, ...),
+//!   printed at start: for trying the example on this machine only.
 //! - `KEYRATE_ADMIN_TOKEN` (`--admin-token`): the token of the admin
 //!   routes; unset, they are off.
-//! - `KEYRATE_KEY_LABEL_SECRET`: the secret of the key fingerprints that
-//!   `/metrics` shows (give every server of a fleet the same one); unset,
-//!   a random one per process. `--key-label KEY` prints KEY's label under
-//!   it and exits.
+//! - `KEYRATE_METRICS_TOKEN`: the bearer token of `/metrics`; unset, it
+//!   is off.
+//! - `KEYRATE_KEY_LABEL_SECRET`: the secret of the customer id
+//!   fingerprints that `/metrics` shows (give every server of a fleet the
+//!   same one); unset, a random one per process. `--key-label ID` prints
+//!   the label of customer ID under it and exits.
 
 #[path = "support/streaming_app.rs"]
 mod streaming_app;
 
 use keyrate::{KeyLabels, MonotonicClock};
-use streaming_app::{App, Limits};
+use streaming_app::{App, KeyTable, Limits, DEMO_KEYS};
 
-const USAGE: &str = "usage: streaming_server [--port N] [--admin-token TOKEN] [--key-label KEY]  \
-                     (port 0 picks a free port)";
+const USAGE: &str = "usage: streaming_server [--port N] [--keys FILE] [--admin-token TOKEN] \
+                     [--key-label CUSTOMER_ID]  (port 0 picks a free port)";
 
 #[tokio::main]
 async fn main() {
@@ -40,15 +48,38 @@ async fn main() {
     if let Ok(secret) = std::env::var("KEYRATE_KEY_LABEL_SECRET") {
         KeyLabels::set_default_secret(secret.as_bytes());
     }
-    if let Some(key) = config.key_label {
-        println!("{}", KeyLabels::fingerprint().label(&key));
+    if let Some(id) = config.key_label {
+        println!("{}", KeyLabels::fingerprint().label(&id));
         return;
     }
+    let table = config
+        .keys
+        .or_else(|| std::env::var("KEYRATE_KEY_TABLE").ok());
+    let (text, demo) = match &table {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => (text, false),
+            Err(err) => {
+                eprintln!("cannot read the key table {path}: {err}");
+                std::process::exit(2);
+            }
+        },
+        None => (DEMO_KEYS.to_owned(), true),
+    };
+    let keys = match KeyTable::parse(&text, &["free", "pro"]) {
+        Ok(keys) => keys,
+        Err(message) => {
+            eprintln!("the key table: {message}");
+            std::process::exit(2);
+        }
+    };
     let admin_token = config
         .admin_token
         .or_else(|| std::env::var("KEYRATE_ADMIN_TOKEN").ok());
+    let metrics_token = std::env::var("KEYRATE_METRICS_TOKEN").ok();
     let limits = Limits::default();
-    let app = App::new(limits, MonotonicClock::new()).with_admin_token(admin_token.as_deref());
+    let app = App::new(limits, keys.clone(), MonotonicClock::new())
+        .with_admin_token(admin_token.as_deref())
+        .with_metrics_token(metrics_token.as_deref());
     let port = config.port;
     let addr = match streaming_app::spawn(&app, port).await {
         Ok(addr) => addr,
@@ -58,9 +89,21 @@ async fn main() {
         }
     };
     println!("listening on {addr}");
+    if demo {
+        println!("  DEMO KEY TABLE (built in, public: never deploy it; set KEYRATE_KEY_TABLE):");
+        for line in DEMO_KEYS.lines() {
+            println!("    {line}");
+        }
+    } else {
+        println!("  {} keys from the key table", keys.len());
+    }
     println!("  ws://{addr}/v1/stream   (WebSocket; Authorization: Bearer <key> or X-API-Key)");
-    println!("  http://{addr}/v1/tts    (POST text; costs its length)");
-    println!("  http://{addr}/metrics   (Prometheus text: counters, top offenders by fingerprint, streams, responses)");
+    println!("  http://{addr}/v1/tts    (POST text with a Content-Length; costs its length)");
+    if app.metrics_route() {
+        println!("  http://{addr}/metrics   (Prometheus text; Authorization: Bearer <KEYRATE_METRICS_TOKEN>)");
+    } else {
+        println!("  /metrics off (set KEYRATE_METRICS_TOKEN to turn it on)");
+    }
     if app.admin_routes() {
         println!(
             "  http://{addr}/admin/plans[/{{free,pro}}]  (GET / PUT JSON quotas; X-Admin-Token from the configuration)"
@@ -69,19 +112,20 @@ async fn main() {
         println!("  admin routes off (set KEYRATE_ADMIN_TOKEN to turn them on)");
     }
     println!(
-        "  plans: sk_pro_* keys are on pro (5x bursts, 10x rates and streams), other keys on free"
-    );
-    println!(
-        "  per key: {} streams open at once; connections+contexts {} burst, {}/s; \
-         synthesis {} chars burst, {} chars/s; closed (1008) after {} ignored retry_afters; \
-         at most {} buckets per budget",
+        "  per customer (free plan; pro: 5x bursts, 10x rates, streams and daily characters): \
+         {} streams open at once; connections+contexts {} burst, {}/s; \
+         synthesis {} chars burst, {} chars/s, {} chars a day; per org {} chars burst, {} chars/s; \
+         closed (1008) after {} ignored retry_afters; unknown keys 401, then 429 after {} from one address",
         limits.max_streams,
         limits.connect_burst,
         limits.connect_rate,
         limits.synth_burst,
         limits.synth_rate,
+        limits.daily_chars,
+        limits.org_synth_burst,
+        limits.org_synth_rate,
         limits.max_strikes,
-        limits.max_buckets
+        limits.auth_failure_burst,
     );
     if tokio::signal::ctrl_c().await.is_ok() {
         println!("shutting down");
@@ -93,9 +137,11 @@ async fn main() {
 struct Config {
     /// `--port N` (or `--port=N`); 0 (the default) picks a free port.
     port: u16,
+    /// `--keys FILE`: the key table.
+    keys: Option<String>,
     /// `--admin-token TOKEN`.
     admin_token: Option<String>,
-    /// `--key-label KEY`: print KEY's label and exit.
+    /// `--key-label CUSTOMER_ID`: print its label and exit.
     key_label: Option<String>,
 }
 
@@ -120,6 +166,7 @@ impl Config {
                         .parse()
                         .map_err(|_| format!("invalid port {port:?}: expected 0 to 65535"))?;
                 }
+                "--keys" => config.keys = Some(value()?),
                 "--admin-token" => config.admin_token = Some(value()?),
                 "--key-label" => config.key_label = Some(value()?),
                 _ => return Err(format!("unknown argument {arg:?}")),

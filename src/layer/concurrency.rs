@@ -156,9 +156,14 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     /// use keyrate::ConcurrencyLimiter;
     /// use std::sync::Arc;
     ///
+    /// /// The plan your authentication found for the key, in the request's
+    /// /// extensions (never the key's shape: a client chooses its key).
+    /// #[derive(Clone, Copy)]
+    /// struct Pro;
+    ///
     /// let streams = Arc::new(ConcurrencyLimiter::new(2)); // free plan
     /// let _layer = ConcurrencyLimitLayer::new(streams, bearer_token).with_max(|parts: &http::request::Parts| {
-    ///     bearer_token(parts)?.starts_with("sk_pro_").then_some(20)
+    ///     parts.extensions.get::<Pro>().map(|_| 20)
     /// });
     /// ```
     #[must_use]

@@ -41,12 +41,20 @@
 //! Files: `mod.rs` (the rate layer's tower plumbing), `headers.rs` (the
 //! HTTP policy: header fields and refusals), `keys.rs` (key extraction),
 //! `concurrency.rs` (the concurrency layer), `held.rs` (its permit in the
-//! request and in the response body).
+//! request and in the response body), `length.rs` (the declared-length
+//! rule, for costs by the byte).
+//!
+//! A cost by body length reads the request's head, so it charges the
+//! declared `Content-Length` ([`declared_length`]); a
+//! [`DeclaredLengthLayer`] outside the rate layer makes that the truth:
+//! `411` for a body that declares no length (a chunked upload), and a
+//! body cut off with an error past its declared length.
 
 mod concurrency;
 mod headers;
 mod held;
 mod keys;
+mod length;
 
 pub use self::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService, DefaultMax};
 pub use self::headers::{
@@ -54,6 +62,10 @@ pub use self::headers::{
 };
 pub use self::held::{HeldPermit, PermitBody};
 pub use self::keys::{api_key_header, bearer_token, Limited, DEFAULT_MAX_KEY_LEN, X_API_KEY};
+pub use self::length::{
+    declared_length, BodyTooLong, DeclaredBody, DeclaredLengthFuture, DeclaredLengthLayer,
+    DeclaredLengthService,
+};
 
 use self::headers::Fields;
 use crate::gcra::Quota;
@@ -205,19 +217,27 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
     /// # Examples
     ///
     /// ```
-    /// use keyrate::layer::{bearer_token, RateLimitLayer};
+    /// use keyrate::layer::{bearer_token, declared_length, DeclaredBody, DeclaredLengthLayer, RateLimitLayer};
     /// use keyrate::TokenBucketLimiter;
     /// use std::sync::Arc;
+    /// use tower::{service_fn, ServiceBuilder};
     ///
-    /// // One token per started kilobyte of declared body.
+    /// // One token per started kilobyte of declared body; the declared
+    /// // length is the truth behind a DeclaredLengthLayer (411 without one).
     /// let limiter = Arc::new(TokenBucketLimiter::new(100.0, 1000));
-    /// let _layer = RateLimitLayer::new(limiter, bearer_token).with_cost(|parts: &http::request::Parts| {
-    ///     let len: u64 = parts.headers.get("content-length")
-    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
-    ///         .unwrap_or(0);
-    ///     len.div_ceil(1024).max(1)
+    /// let layer = RateLimitLayer::new(limiter, bearer_token).with_cost(|parts: &http::request::Parts| {
+    ///     declared_length(parts).div_ceil(1024).max(1)
     /// });
+    /// let _uploads = ServiceBuilder::new()
+    ///     .layer(DeclaredLengthLayer::new()) // outermost: refused before charged
+    ///     .layer(layer)
+    ///     .service(service_fn(|_request: http::Request<DeclaredBody<String>>| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    ///     }));
     /// ```
+    ///
+    /// A cost by body length must not trust a header the client may leave
+    /// out: see [`DeclaredLengthLayer`] (a chunked upload declares none).
     #[must_use]
     pub fn with_cost<C2>(self, cost: C2) -> RateLimitLayer<L, F, K, C2, P>
     where
@@ -250,11 +270,16 @@ impl<L, F, K, C, P> RateLimitLayer<L, F, K, C, P> {
     /// use keyrate::{Quota, TokenBucketLimiter};
     /// use std::sync::Arc;
     ///
+    /// /// The plan your authentication (in front of this layer) found for
+    /// /// the key in your key table, in the request's extensions. Never
+    /// /// the key's shape: a client chooses its key's prefix.
+    /// #[derive(Clone, Copy)]
+    /// enum Plan { Free, Pro }
+    ///
     /// let pro = Quota::new(20.0, 100).unwrap();
     /// let limiter = Arc::new(TokenBucketLimiter::new(1.0, 5)); // free plan
     /// let _layer = RateLimitLayer::new(limiter, bearer_token).with_quota(move |parts: &http::request::Parts| {
-    ///     let key = bearer_token(parts)?;
-    ///     key.starts_with("sk_pro_").then_some(pro)
+    ///     matches!(parts.extensions.get::<Plan>()?, Plan::Pro).then_some(pro)
     /// });
     /// ```
     #[must_use]

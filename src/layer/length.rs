@@ -1,0 +1,387 @@
+//! Paying by the byte: the declared-length rule. A request's body is
+//! charged by its `Content-Length` ([`declared_length`]) only where that
+//! is the truth: [`DeclaredLengthLayer`] refuses a body that declares no
+//! length (`411`) before anything is charged, and cuts off one that sends
+//! more than it declared ([`DeclaredBody`], [`BodyTooLong`]).
+
+use bytes::Buf;
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tower::{Layer, Service};
+
+/// A request's declared body length: its `Content-Length`, or 0 when it
+/// has none or an invalid one. A cost function for
+/// [`RateLimitLayer::with_cost`](super::RateLimitLayer::with_cost) that
+/// charges one token per byte.
+///
+/// The header is the client's word: charge by it only behind a
+/// [`DeclaredLengthLayer`] (outside the rate layer), which refuses a body
+/// without one and holds a body to it. Without that layer a chunked upload
+/// declares nothing and costs 0.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::declared_length;
+///
+/// let (parts, ()) = http::Request::post("/").header("content-length", "120").body(()).unwrap().into_parts();
+/// assert_eq!(declared_length(&parts), 120);
+/// let (chunked, ()) = http::Request::post("/").body(()).unwrap().into_parts();
+/// assert_eq!(declared_length(&chunked), 0);
+/// ```
+#[must_use]
+pub fn declared_length(parts: &Parts) -> u64 {
+    match declared(parts) {
+        Declared::Length(len) => len,
+        Declared::None | Declared::Chunked | Declared::Invalid => 0,
+    }
+}
+
+/// What a request's head says of its body's length.
+enum Declared {
+    Length(u64),
+    /// No `Content-Length`.
+    None,
+    /// A `Transfer-Encoding`, which overrides any length (RFC 9112, 6.3).
+    Chunked,
+    /// Several `Content-Length` fields, or one that is not a number.
+    Invalid,
+}
+
+fn declared(parts: &Parts) -> Declared {
+    if parts.headers.contains_key(TRANSFER_ENCODING) {
+        return Declared::Chunked;
+    }
+    let mut values = parts.headers.get_all(CONTENT_LENGTH).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return if parts.headers.contains_key(CONTENT_LENGTH) {
+            Declared::Invalid
+        } else {
+            Declared::None
+        };
+    };
+    // Digits only: `parse` would take a leading `+`.
+    let value = value.as_bytes();
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return Declared::Invalid;
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Declared::Invalid, Declared::Length)
+}
+
+/// Holds each request to the body length it declares, so that a cost by
+/// [`declared_length`] charges what the body is.
+///
+/// | request | response |
+/// |---|---|
+/// | a body, and no `Content-Length` (a chunked upload: `Transfer-Encoding` is refused whatever else it declares) | `411 Length Required`; the inner service is not called |
+/// | several `Content-Length` fields, or one that is not a number | `400 Bad Request` |
+/// | `Content-Length: n` | the inner service, with the body wrapped in a [`DeclaredBody`] that fails with [`BodyTooLong`] rather than yield byte `n + 1` |
+/// | no `Content-Length` and a body known to be empty (a plain `GET`) | the inner service, the body held to 0 bytes |
+///
+/// Put it outside the [`RateLimitLayer`](super::RateLimitLayer) (in axum,
+/// the later `route_layer`), so that a refused request spends nothing.
+/// Over HTTP/1.1 and HTTP/2, hyper already reads no more than the declared
+/// length; the wrapper makes the rule hold for any server and body.
+///
+/// Why a declared length and not a charge as the bytes stream: the
+/// decision comes before the work, all or nothing, with an exact
+/// `Retry-After`. A body charged as it streams would be denied midway,
+/// after the handler has started on it, with no wait a client could
+/// honour. A stream of unknown length (live audio) is better cut into
+/// messages each charged on its own, as the example's WebSocket is.
+///
+/// # Examples
+///
+/// ```
+/// use http_body_util::{BodyExt, Full};
+/// use keyrate::layer::{declared_length, DeclaredBody, DeclaredLengthLayer, RateLimitLayer, X_API_KEY};
+/// use keyrate::TokenBucketLimiter;
+/// use std::sync::Arc;
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let limiter = Arc::new(TokenBucketLimiter::new(10.0, 100)); // bytes
+/// let upload = service_fn(|request: http::Request<DeclaredBody<Full<bytes::Bytes>>>| async move {
+///     let body = request.into_body().collect().await?.to_bytes();
+///     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(http::Response::new(body.len().to_string()))
+/// });
+/// let rate = RateLimitLayer::new(limiter, keyrate::layer::api_key_header).with_cost(declared_length);
+/// let service = DeclaredLengthLayer::new().layer(rate.layer(upload));
+/// let post = |len: Option<usize>| {
+///     let mut request = http::Request::post("/").header(X_API_KEY, "k");
+///     if let Some(len) = len {
+///         request = request.header("content-length", len);
+///     }
+///     request.body(Full::from(vec![b'x'; 60])).unwrap()
+/// };
+///
+/// // No declared length: 411, nothing spent.
+/// assert_eq!(service.clone().oneshot(post(None)).await.unwrap().status(), 411);
+/// let ok = service.clone().oneshot(post(Some(60))).await.unwrap();
+/// assert_eq!(ok.headers()["ratelimit"], "\"default\";r=40;t=6");
+/// // A body longer than it declared is cut off: paying for 10 does not buy 60.
+/// assert!(service.clone().oneshot(post(Some(10))).await.is_err());
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeclaredLengthLayer {
+    _private: (),
+}
+
+impl DeclaredLengthLayer {
+    /// The layer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let _layer = keyrate::layer::DeclaredLengthLayer::new();
+    /// ```
+    #[must_use]
+    pub fn new() -> Self {
+        DeclaredLengthLayer { _private: () }
+    }
+}
+
+impl<S> Layer<S> for DeclaredLengthLayer {
+    type Service = DeclaredLengthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DeclaredLengthService { inner }
+    }
+}
+
+/// The service made by [`DeclaredLengthLayer`].
+#[derive(Debug, Clone)]
+pub struct DeclaredLengthService<S> {
+    inner: S,
+}
+
+impl<S, B, ResBody> Service<Request<B>> for DeclaredLengthService<S>
+where
+    S: Service<Request<DeclaredBody<B>>, Response = Response<ResBody>>,
+    B: Body,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = DeclaredLengthFuture<S::Future, Response<ResBody>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let declared = match declared(&parts) {
+            Declared::Length(len) => len,
+            Declared::None if body.is_end_stream() => 0,
+            Declared::None | Declared::Chunked => return refuse(StatusCode::LENGTH_REQUIRED),
+            Declared::Invalid => return refuse(StatusCode::BAD_REQUEST),
+        };
+        let body = DeclaredBody {
+            inner: body,
+            declared,
+            left: declared,
+        };
+        DeclaredLengthFuture {
+            state: State::Inner {
+                future: self.inner.call(Request::from_parts(parts, body)),
+            },
+        }
+    }
+}
+
+fn refuse<F, B: Default>(status: StatusCode) -> DeclaredLengthFuture<F, Response<B>> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = status;
+    DeclaredLengthFuture {
+        state: State::Refused {
+            response: Some(response),
+        },
+    }
+}
+
+pin_project! {
+    /// The future of a [`DeclaredLengthService`] call: the inner
+    /// service's, or a refusal.
+    #[derive(Debug)]
+    pub struct DeclaredLengthFuture<F, R> {
+        #[pin]
+        state: State<F, R>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[derive(Debug)]
+    enum State<F, R> {
+        // The inner service's call.
+        Inner { #[pin] future: F },
+        // A `411` or `400`, answered once.
+        Refused { response: Option<R> },
+    }
+}
+
+impl<F, R, E> Future for DeclaredLengthFuture<F, R>
+where
+    F: Future<Output = Result<R, E>>,
+{
+    type Output = Result<R, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Inner { future } => future.poll(cx),
+            StateProj::Refused { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => panic!("DeclaredLengthFuture polled after it completed"),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// A request body held to its declared length: it yields the inner
+    /// body's frames while their bytes fit the declared length, and fails
+    /// with [`BodyTooLong`] (as a boxed error) instead of the frame that
+    /// would go past it. A body shorter than it declared ends as it does:
+    /// it paid for bytes it did not send.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use http_body_util::{BodyExt, Full};
+    /// use keyrate::layer::{BodyTooLong, DeclaredLengthLayer};
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let read = service_fn(|request: http::Request<keyrate::layer::DeclaredBody<Full<bytes::Bytes>>>| async move {
+    ///     let error = request.into_body().collect().await.unwrap_err();
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(error.to_string()))
+    /// });
+    /// let service = DeclaredLengthLayer::new().layer(read);
+    /// let lying = http::Request::post("/").header("content-length", "3").body(Full::from("hello")).unwrap();
+    /// let response = service.oneshot(lying).await.unwrap();
+    /// assert_eq!(response.body(), &BodyTooLong { declared: 3 }.to_string());
+    /// # });
+    /// ```
+    #[derive(Debug)]
+    pub struct DeclaredBody<B> {
+        #[pin]
+        inner: B,
+        // The declared length, in bytes.
+        declared: u64,
+        // The bytes still allowed: `declared` less those yielded.
+        left: u64,
+    }
+}
+
+impl<B> DeclaredBody<B> {
+    /// The length the request declared.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::DeclaredLengthLayer;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let declared = service_fn(|request: http::Request<keyrate::layer::DeclaredBody<String>>| async move {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(request.body().declared().to_string()))
+    /// });
+    /// let request = http::Request::post("/").header("content-length", "2").body(String::from("hi")).unwrap();
+    /// let response = DeclaredLengthLayer::new().layer(declared).oneshot(request).await.unwrap();
+    /// assert_eq!(response.body(), "2");
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn declared(&self) -> u64 {
+        self.declared
+    }
+}
+
+impl<B> Body for DeclaredBody<B>
+where
+    B: Body,
+    B::Error: Into<Box<dyn Error + Send + Sync>>,
+{
+    type Data = B::Data;
+    type Error = Box<dyn Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = match std::task::ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(err)) => return Poll::Ready(Some(Err(err.into()))),
+            None => return Poll::Ready(None),
+        };
+        if let Some(data) = frame.data_ref() {
+            let len = data.remaining() as u64;
+            if len > *this.left {
+                *this.left = 0;
+                let declared = *this.declared;
+                return Poll::Ready(Some(Err(Box::new(BodyTooLong { declared }))));
+            }
+            *this.left -= len;
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let upper = inner.upper().unwrap_or(u64::MAX).min(self.left);
+        let mut hint = SizeHint::new();
+        // The upper bound first: a lower bound above it panics.
+        hint.set_upper(upper);
+        hint.set_lower(inner.lower().min(upper));
+        hint
+    }
+}
+
+/// The error of a [`DeclaredBody`] whose body went past its declared
+/// length.
+///
+/// # Examples
+///
+/// ```
+/// use keyrate::layer::BodyTooLong;
+///
+/// assert_eq!(
+///     BodyTooLong { declared: 100 }.to_string(),
+///     "the request body is longer than its Content-Length (100 bytes)"
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyTooLong {
+    /// The length the request declared.
+    pub declared: u64,
+}
+
+impl fmt::Display for BodyTooLong {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the request body is longer than its Content-Length ({} bytes)",
+            self.declared
+        )
+    }
+}
+
+impl Error for BodyTooLong {}
