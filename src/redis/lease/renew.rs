@@ -176,7 +176,6 @@ where
     /// One renewal round over every lease held; the lost ones are
     /// forgotten.
     async fn renew(&self, held: &mut Held, cluster: &mut Option<bool>) {
-        Counters::add(&self.counters.renew_rounds, 1);
         let per_set = !self.one_slot && self.is_cluster(cluster).await;
         for call in batches(held, per_set) {
             Counters::add(&self.counters.renew_calls, 1);
@@ -204,6 +203,9 @@ where
                 }
             }
         }
+        // Counted when done: `renew_calls == renew_rounds` (on a
+        // standalone Redis) says no round is under way.
+        Counters::add(&self.counters.renew_rounds, 1);
     }
 
     /// Whether the connection is to a Redis Cluster (`CLUSTER INFO`

@@ -37,9 +37,10 @@ pub struct RedisConcurrencyStats {
     pub released: u64,
     /// `ZREM` calls that failed: their leases expire within the lease time.
     pub release_failures: u64,
-    /// Renewal rounds run (one every lease time / 3 while leases are held).
+    /// Renewal rounds done (one every lease time / 3 while leases are held;
+    /// counted when the round ends).
     pub renew_rounds: u64,
-    /// Renew script calls made (one per round on a standalone Redis; on a
+    /// Renew script calls sent (one per round on a standalone Redis; on a
     /// cluster, one per lease set, or one for all with a hash tag; more
     /// past 512 leases).
     pub renew_calls: u64,
