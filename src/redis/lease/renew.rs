@@ -300,7 +300,11 @@ mod tests {
         assert_eq!(batches(&few, true).len(), 3);
         let many = held(&[("a", RENEW_BATCH), ("b", 1), ("c", 1)]);
         let calls = batches(&many, false);
-        assert_eq!(calls.len(), 2);
+        // A call carries at most a batch, or one set alone.
+        assert!((2..=3).contains(&calls.len()), "{}", calls.len());
+        for call in &calls {
+            assert!(call.ids <= RENEW_BATCH || call.sets.len() == 1);
+        }
         assert_eq!(calls.iter().map(|c| c.ids).sum::<usize>(), RENEW_BATCH + 2);
         assert!(batches(&Held::new(), false).is_empty());
     }
