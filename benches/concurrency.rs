@@ -164,8 +164,12 @@ fn timed(competitor: &dyn Competitor, threads: u64, calls: u64) -> Duration {
     })
 }
 
-/// The scenarios: name, threads, and the competitors (the yardstick last).
-fn scenarios() -> Vec<(&'static str, u64, Vec<Box<dyn Competitor>>)> {
+/// A scenario: its name, its threads, and its competitors (keyrate
+/// first, the yardstick last).
+type Scenario = (&'static str, u64, Vec<Box<dyn Competitor>>);
+
+/// The scenarios.
+fn scenarios() -> Vec<Scenario> {
     let keys = keys();
     vec![
         (

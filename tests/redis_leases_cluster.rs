@@ -5,28 +5,16 @@
 //! leases; releases empty the sets.
 #![cfg(not(loom))]
 
+mod lease_support;
 mod redis_support;
 
 use keyrate::{ConcurrencyDenial, KeyNames, RedisConcurrencyDenial, RedisConcurrencyLimiter};
+use lease_support::until;
 use redis_support::{cluster, cluster_urls, unique_prefix, TEST_TIMEOUT};
 use std::time::Duration;
 
 const KEYS: usize = 8;
 const MAX: u32 = 2;
-
-async fn until<F, Fut>(what: &str, mut done: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..3000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("not within a minute: {what}");
-}
 
 async fn run(hash_tag: bool) {
     let urls = cluster_urls();

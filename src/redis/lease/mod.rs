@@ -10,14 +10,16 @@
 //! (`renew.lua`) from the process's renewal task (`renew.rs`). A process
 //! that dies stops renewing, and its leases expire within the lease time.
 //!
-//! Files: `mod.rs` (the limiter, its settings), `acquire.rs` (taking a
-//! permit), `permit.rs` (`RedisPermit`, `RedisConcurrencyDenial`),
-//! `renew.rs` (the renewal task), `script.rs` (the scripts' arguments and
-//! replies), `stats.rs`. See `docs/concurrency.md`.
+//! Files: `mod.rs` (the limiter), `settings.rs` (making and configuring
+//! it), `report.rs` (what it reports), `acquire.rs` (taking a permit),
+//! `permit.rs` (`RedisPermit`, `RedisConcurrencyDenial`), `renew.rs` (the
+//! renewal task), `script.rs` (the scripts' arguments and replies),
+//! `stats.rs`. See `docs/concurrency.md`.
 
 mod acquire;
 mod permit;
 mod renew;
+mod report;
 mod script;
 mod settings;
 mod stats;

@@ -1,12 +1,9 @@
-//! Making and configuring a Redis concurrency limiter, and what it
-//! reports about itself.
+//! Making and configuring a Redis concurrency limiter.
 
 use super::script::{ACQUIRE_SCRIPT, RENEW_SCRIPT};
-use super::{Core, RedisConcurrencyLimiter, RedisConcurrencyStats};
+use super::{Core, RedisConcurrencyLimiter};
 use crate::error::ConfigError;
-use crate::redis::breaker::{
-    Breaker, CircuitStats, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY,
-};
+use crate::redis::breaker::{Breaker, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY};
 use crate::redis::builder::connect_manager;
 use crate::redis::error::{FailurePolicy, RedisLimiterError};
 use crate::redis::names::{KeyNames, Names};
@@ -325,77 +322,5 @@ impl<C> RedisConcurrencyLimiter<C> {
         }
         self.core.max.store(max, Relaxed);
         Ok(())
-    }
-}
-
-/// # What the limiter reports about itself
-impl<C> RedisConcurrencyLimiter<C> {
-    /// The default limit.
-    #[must_use]
-    pub fn max(&self) -> u32 {
-        self.core.max.load(Relaxed)
-    }
-
-    /// The lease time.
-    #[must_use]
-    pub fn lease_time(&self) -> Duration {
-        self.settings.lease
-    }
-
-    /// The policy applied when Redis cannot decide an acquire.
-    #[must_use]
-    pub fn failure_policy(&self) -> FailurePolicy {
-        self.settings.failure_policy
-    }
-
-    /// The namespace, as given to [`with_namespace`](Self::with_namespace)
-    /// (or the private one made for this limiter).
-    #[must_use]
-    pub fn namespace(&self) -> &str {
-        self.settings.names.namespace()
-    }
-
-    /// The Redis key of `key`'s lease set: a sorted set of lease ids
-    /// scored by their expiry, in Unix milliseconds on Redis's clock.
-    #[must_use]
-    pub fn lease_key(&self, key: &str) -> String {
-        self.settings.names.bucket_key(key)
-    }
-
-    /// What every lease set name of this limiter starts with (no glob
-    /// character: `SCAN 0 MATCH <prefix>*` lists them).
-    #[must_use]
-    pub fn lease_key_prefix(&self) -> &str {
-        self.settings.names.head()
-    }
-
-    /// This process's counts (the limiter and its clones since it was
-    /// last configured): permits held, acquires by outcome, releases,
-    /// renewals and leases lost.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use keyrate::RedisConcurrencyLimiter;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
-    /// let limiter = RedisConcurrencyLimiter::connect(&url, 1).await?;
-    /// let _p = limiter.try_acquire("k").await?;
-    /// assert!(limiter.try_acquire("k").await.is_err());
-    /// let stats = limiter.stats();
-    /// assert_eq!((stats.held, stats.acquired, stats.refused_at_limit), (1, 1, 1));
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn stats(&self) -> RedisConcurrencyStats {
-        self.core.counters.read()
-    }
-
-    /// The acquires' circuit breaker: its state and counters.
-    #[must_use]
-    pub fn circuit_stats(&self) -> CircuitStats {
-        self.settings.breaker.stats()
     }
 }
