@@ -223,3 +223,19 @@ async fn bad_input_gets_clear_answers() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn the_types_are_send_and_sync_and_debug_shows_no_key() {
+    fn send_sync<T: Send + Sync + std::fmt::Debug>() {}
+    send_sync::<RedisConcurrencyLimiter>();
+    send_sync::<keyrate::RedisPermit>();
+    send_sync::<RedisConcurrencyDenial>();
+    send_sync::<keyrate::RedisConcurrencyStats>();
+    let url = url();
+    let namespace = unique_prefix("leases-debug");
+    let limiter = limiter(&url, &namespace, 1, Duration::from_secs(15)).await;
+    let permit = limiter.try_acquire("sk_live_secret").await.unwrap();
+    assert!(!format!("{permit:?}").contains("sk_live_secret"));
+    let denial = limiter.try_acquire("sk_live_secret").await.unwrap_err();
+    assert!(!format!("{denial:?} {denial}").contains("sk_live_secret"));
+}
