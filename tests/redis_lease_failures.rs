@@ -330,3 +330,41 @@ async fn stable(
     }
     panic!("never a moment without a round under way (more than one call per round?)");
 }
+
+#[tokio::test]
+async fn a_breaker_shared_with_the_rate_limiter_fails_acquires_fast() {
+    let mut server = PrivateServer::start();
+    let url = server.url();
+    let rate = keyrate::RedisLimiter::connect(&url, keyrate::Quota::new(1.0, 5).unwrap())
+        .await
+        .unwrap()
+        .with_prefix(unique_prefix("leases-breaker"))
+        .with_circuit_breaker(2, Duration::from_secs(3600));
+    let streams = limiter(
+        &url,
+        &unique_prefix("leases-breaker"),
+        2,
+        Duration::from_secs(15),
+    )
+    .await
+    .with_timeout(Duration::from_secs(2))
+    .with_circuit_breaker_of(&rate);
+    drop(streams.try_acquire("k").await.unwrap());
+    server.kill();
+    // Two failed rate calls open the shared breaker...
+    for _ in 0..2 {
+        assert!(keyrate::AsyncLimiter::check(&rate, "k", keyrate::Now, 1)
+            .await
+            .is_err());
+    }
+    assert!(rate.circuit_stats().open);
+    // ...and the acquire fails at once, without a round trip.
+    match streams.try_acquire("k").await {
+        Err(RedisConcurrencyDenial::Failed(err)) => {
+            assert!(err.is_circuit_open(), "{err}");
+            assert_eq!(err.kind(), RedisErrorKind::Unavailable);
+        }
+        other => panic!("expected a fast failure, got {other:?}"),
+    }
+    assert_eq!(streams.circuit_stats().fast_failures, 1);
+}

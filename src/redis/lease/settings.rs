@@ -6,6 +6,7 @@ use crate::error::ConfigError;
 use crate::redis::breaker::{Breaker, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PROBE_EVERY};
 use crate::redis::builder::connect_manager;
 use crate::redis::error::{FailurePolicy, RedisLimiterError};
+use crate::redis::limiter::RedisLimiter;
 use crate::redis::names::{KeyNames, Names};
 use crate::redis::settings::DEFAULT_REDIS_TIMEOUT;
 use crate::sync::unmodeled::Relaxed;
@@ -291,6 +292,32 @@ impl<C> RedisConcurrencyLimiter<C> {
     #[must_use]
     pub fn with_circuit_breaker(mut self, failures: u32, probe_every: Duration) -> Self {
         self.settings.breaker = Arc::new(Breaker::new(failures, probe_every));
+        self
+    }
+
+    /// Shares `rate`'s circuit breaker: the rate limiter's calls and this
+    /// limiter's acquires then see Redis's health together (one opens it
+    /// for both, one probe closes it for both). Use it when both talk to
+    /// the same Redis.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use keyrate::{Quota, RedisConcurrencyLimiter, RedisLimiter};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let rate = RedisLimiter::connect(&url, Quota::new(10.0, 20)?).await?;
+    /// let streams = RedisConcurrencyLimiter::connect(&url, 2)
+    ///     .await?
+    ///     .with_circuit_breaker_of(&rate);
+    /// assert_eq!(streams.circuit_stats(), rate.circuit_stats());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_circuit_breaker_of<D>(mut self, rate: &RedisLimiter<D>) -> Self {
+        self.settings.breaker = Arc::clone(&rate.settings.breaker);
         self
     }
 
