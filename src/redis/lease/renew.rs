@@ -8,7 +8,8 @@
 //! all the releases that queued meanwhile), and every `lease / 3` renews
 //! every lease it holds: one renew script call for all of them on a
 //! standalone Redis (in calls of at most 512 leases), one per lease set on
-//! a cluster (one for all when the names share a hash tag).
+//! a cluster (one for all when the names share a hash tag), up to 16 calls
+//! in flight at once.
 //!
 //! It ends when the channel closes: when the limiter, its clones and its
 //! last permit are gone. The background calls go around the circuit
@@ -25,7 +26,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::{self, error::TryRecvError, UnboundedReceiver, UnboundedSender};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
+
+/// The most renew calls of one round in flight at once.
+const RENEW_IN_FLIGHT: usize = 16;
 
 /// One lease: the Redis name of its key's lease set, and its id there.
 #[derive(Debug, Clone)]
@@ -177,15 +182,29 @@ where
     /// forgotten.
     async fn renew(&self, held: &mut Held, cluster: &mut Option<bool>) {
         let per_set = !self.one_slot && self.is_cluster(cluster).await;
-        for call in batches(held, per_set) {
-            Counters::add(&self.counters.renew_calls, 1);
-            let invocation = call.invocation(&self.script, self.lease_ms);
-            let mut connection = self.connection.clone();
-            let answer = self
-                .deadline(invocation.invoke_async::<Value>(&mut connection))
-                .await
-                .and_then(|value| script::parse_renewed(&value));
-            let Ok(lost) = answer else {
+        let mut calls = batches(held, per_set).into_iter();
+        // The round's calls, up to RENEW_IN_FLIGHT at once: on a cluster a
+        // round is one call per set, so thousands of sets renew in a few
+        // round trips' time, not one after another.
+        let mut in_flight = JoinSet::new();
+        loop {
+            while in_flight.len() < RENEW_IN_FLIGHT {
+                let Some(call) = calls.next() else { break };
+                Counters::add(&self.counters.renew_calls, 1);
+                let (script, mut connection) = (Arc::clone(&self.script), self.connection.clone());
+                let (lease_ms, timeout) = (self.lease_ms, self.timeout);
+                in_flight.spawn(async move {
+                    let invocation = call.invocation(&script, lease_ms);
+                    let answer = within(timeout, invocation.invoke_async::<Value>(&mut connection))
+                        .await
+                        .and_then(|value| script::parse_renewed(&value));
+                    (call, answer)
+                });
+            }
+            let Some(done) = in_flight.join_next().await else {
+                break;
+            };
+            let Ok((call, Ok(lost))) = done else {
                 // Tried again next round; past the lease time, lost.
                 Counters::add(&self.counters.renew_failures, 1);
                 continue;
@@ -241,11 +260,19 @@ where
         &self,
         call: impl Future<Output = ::redis::RedisResult<T>>,
     ) -> Result<T, RedisLimiterError> {
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| RedisLimiterError::timeout(self.timeout))?
-            .map_err(RedisLimiterError::from)
+        within(self.timeout, call).await
     }
+}
+
+/// `call` under the deadline `timeout`.
+async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = ::redis::RedisResult<T>>,
+) -> Result<T, RedisLimiterError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| RedisLimiterError::timeout(timeout))?
+        .map_err(RedisLimiterError::from)
 }
 
 fn apply(message: Message, held: &mut Held, releases: &mut Held) {
