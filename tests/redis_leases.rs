@@ -239,3 +239,56 @@ async fn the_types_are_send_and_sync_and_debug_shows_no_key() {
     let denial = limiter.try_acquire("sk_live_secret").await.unwrap_err();
     assert!(!format!("{denial:?} {denial}").contains("sk_live_secret"));
 }
+
+#[tokio::test]
+async fn renewal_batches_find_exactly_the_leases_lost() {
+    const KEYS: usize = 600; // more than one renew call's 512 leases
+    let url = url();
+    let namespace = unique_prefix("leases-batches");
+    let limiter = limiter(&url, &namespace, 1, Duration::from_secs(3)).await;
+    let mut held = Vec::new();
+    for key in 0..KEYS {
+        held.push(limiter.try_acquire(&format!("k{key}")).await.unwrap());
+    }
+    // Lost behind the limiter's back: every seventh key's set deleted.
+    let mut conn = raw(&url).await;
+    let gone: Vec<String> = (0..KEYS)
+        .step_by(7)
+        .map(|key| limiter.lease_key(&format!("k{key}")))
+        .collect();
+    let _: () = redis::cmd("DEL")
+        .arg(&gone)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Two rounds: the second began after the deletion.
+    let before = limiter.stats();
+    let start = before.renew_rounds;
+    until("two renewal rounds over every lease", || async {
+        limiter.stats().renew_rounds >= start + 2
+    })
+    .await;
+    let stats = limiter.stats();
+    assert_eq!(stats.leases_lost, gone.len() as u64);
+    assert_eq!(stats.renew_failures, 0);
+    // Two calls a round or more (over 512 leases): every round since
+    // `before` but the first (maybe under way then) began after the last
+    // acquire.
+    let rounds = stats.renew_rounds - before.renew_rounds;
+    let calls = stats.renew_calls - before.renew_calls;
+    assert!(
+        calls >= 2 * (rounds - 1),
+        "{calls} calls in {rounds} rounds"
+    );
+    // The others were renewed and are still held; the lost ones admit again.
+    for key in 0..KEYS {
+        let name = format!("k{key}");
+        let expected = u32::from(key % 7 != 0);
+        assert_eq!(limiter.held(&name).await.unwrap(), expected, "{name}");
+    }
+    drop(held);
+    until("every release reaches Redis", || async {
+        limiter.held("k1").await.unwrap() == 0 && limiter.held("k599").await.unwrap() == 0
+    })
+    .await;
+}
