@@ -111,7 +111,9 @@ pub use crate::observe::{
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingConnection, BlockingRedisLimiter, CircuitStats, FailurePolicy, KeyNames, KeySecret,
-    RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_TIMEOUT,
+    RedisConcurrencyDenial, RedisConcurrencyLimiter, RedisConcurrencyStats, RedisDenial,
+    RedisErrorKind, RedisLimiter, RedisLimiterError, RedisPermit, DEFAULT_LEASE_TIME,
+    DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

@@ -50,31 +50,37 @@ impl RedisLimiter<ConnectionManager> {
     /// # }
     /// ```
     pub async fn connect(url: &str, quota: Quota) -> Result<Self, RedisLimiterError> {
-        let client = ::redis::Client::open(url)?;
-        // No retries inside the manager: a reconnection that retried with
-        // backoff (redis-rs sleeps a second or more between attempts) would
-        // hold every call waiting on it, and find a restarted Redis only
-        // at its next attempt.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(DEFAULT_REDIS_TIMEOUT)
-            .set_response_timeout(DEFAULT_REDIS_TIMEOUT)
-            .set_number_of_retries(0);
-        let mut delay = Duration::from_millis(100);
-        for retry in 0.. {
-            match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
-                Ok(connection) => return Ok(Self::with_connection(connection, quota)),
-                Err(err) => {
-                    let err = RedisLimiterError::from(err);
-                    if retry == 3 || err.kind() == RedisErrorKind::Config {
-                        return Err(err);
-                    }
+        Ok(Self::with_connection(connect_manager(url).await?, quota))
+    }
+}
+
+/// A [`ConnectionManager`] to the Redis at `url`, configured as
+/// [`RedisLimiter::connect`] says (the concurrency limiter's `connect` too).
+pub(super) async fn connect_manager(url: &str) -> Result<ConnectionManager, RedisLimiterError> {
+    let client = ::redis::Client::open(url)?;
+    // No retries inside the manager: a reconnection that retried with
+    // backoff (redis-rs sleeps a second or more between attempts) would
+    // hold every call waiting on it, and find a restarted Redis only
+    // at its next attempt.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(DEFAULT_REDIS_TIMEOUT)
+        .set_response_timeout(DEFAULT_REDIS_TIMEOUT)
+        .set_number_of_retries(0);
+    let mut delay = Duration::from_millis(100);
+    for retry in 0.. {
+        match ConnectionManager::new_with_config(client.clone(), config.clone()).await {
+            Ok(connection) => return Ok(connection),
+            Err(err) => {
+                let err = RedisLimiterError::from(err);
+                if retry == 3 || err.kind() == RedisErrorKind::Config {
+                    return Err(err);
                 }
             }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
         }
-        unreachable!("the loop returns")
+        tokio::time::sleep(delay).await;
+        delay *= 2;
     }
+    unreachable!("the loop returns")
 }
 
 impl<C> RedisLimiter<C>

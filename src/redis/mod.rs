@@ -19,13 +19,15 @@
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
 //! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
 //! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
-//! (resets), `error.rs`.
+//! (resets), `error.rs`; `lease/`, the concurrency limiter whose permits
+//! are leases in Redis (`RedisConcurrencyLimiter`).
 
 mod blocking;
 mod breaker;
 mod builder;
 mod call;
 mod error;
+mod lease;
 mod limiter;
 mod mirror;
 mod names;
@@ -37,6 +39,10 @@ mod stats;
 pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
 pub use self::breaker::CircuitStats;
 pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
+pub use self::lease::{
+    RedisConcurrencyDenial, RedisConcurrencyLimiter, RedisConcurrencyStats, RedisPermit,
+    DEFAULT_LEASE_TIME,
+};
 pub use self::limiter::RedisLimiter;
 pub use self::names::{KeyNames, KeySecret};
 pub use self::settings::DEFAULT_REDIS_TIMEOUT;

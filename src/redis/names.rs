@@ -6,6 +6,11 @@
 //! `NS` + `|` + the key percent-encoded ([`KeyNames::Encoded`]); `NS` is
 //! the namespace percent-encoded, wrapped in braces when the limiter asks
 //! for one hash slot ([`with_hash_tag`](crate::RedisLimiter::with_hash_tag)).
+//! A concurrency limiter's lease sets
+//! ([`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter)) put `~`
+//! between the namespace and that separator (`NS~#...`, `NS~|...`): the
+//! encoding escapes `~` too, so a lease set never has a bucket's name,
+//! even in the same namespace.
 //! The encoding keeps `A-Z a-z 0-9 - _ . :` and writes every other byte as
 //! `%XX`, so an encoded string never holds `#`, `|`, `{`, `}` or a glob
 //! character: the first `#` or `|` ends the namespace, the two forms never
@@ -160,18 +165,29 @@ pub(super) struct Names {
     head: Box<str>,
     keys: KeyNames,
     hash_tag: bool,
+    /// Names of lease sets (`~` before the separator), not of buckets.
+    leases: bool,
 }
 
 impl Names {
     /// `namespace`, with keys named as `keys`, with or without a hash tag.
     pub(super) fn new(namespace: &str, keys: KeyNames, hash_tag: bool) -> Self {
-        let mut head = String::with_capacity(namespace.len() + 3);
+        Self::of_kind(namespace, keys, hash_tag, false)
+    }
+
+    /// [`new`](Self::new) for buckets, or for a concurrency limiter's
+    /// lease sets (`leases`).
+    fn of_kind(namespace: &str, keys: KeyNames, hash_tag: bool, leases: bool) -> Self {
+        let mut head = String::with_capacity(namespace.len() + 4);
         if hash_tag {
             head.push('{');
         }
         encode_into(&mut head, namespace.as_bytes());
         if hash_tag {
             head.push('}');
+        }
+        if leases {
+            head.push('~');
         }
         head.push(match keys {
             KeyNames::Hashed(_) => '#',
@@ -182,7 +198,13 @@ impl Names {
             head: head.into_boxed_str(),
             keys,
             hash_tag,
+            leases,
         }
+    }
+
+    /// The same namespace and keys, naming lease sets.
+    pub(super) fn leases(&self) -> Self {
+        Self::of_kind(&self.namespace, self.keys.clone(), self.hash_tag, true)
     }
 
     /// A namespace of this limiter's own, `keyrate-private-` and 64 random
@@ -196,7 +218,7 @@ impl Names {
 
     /// The same names with the hash tag on or off.
     pub(super) fn with_hash_tag(&self, hash_tag: bool) -> Self {
-        Self::new(&self.namespace, self.keys.clone(), hash_tag)
+        Self::of_kind(&self.namespace, self.keys.clone(), hash_tag, self.leases)
     }
 
     pub(super) fn namespace(&self) -> &str {
@@ -238,6 +260,7 @@ impl fmt::Debug for Names {
             .field("namespace", &self.namespace)
             .field("keys", &self.keys)
             .field("hash_tag", &self.hash_tag)
+            .field("leases", &self.leases)
             .finish()
     }
 }
@@ -295,6 +318,25 @@ mod tests {
         }
         let tagged = Names::new("a}b", KeyNames::Encoded, true);
         assert_eq!(tagged.bucket_key("{k}"), "{a%7Db}|%7Bk%7D");
+    }
+
+    #[test]
+    fn lease_sets_never_take_a_buckets_name() {
+        let buckets = Names::new("rl", KeyNames::Encoded, false);
+        let leases = buckets.leases();
+        assert_eq!(leases.bucket_key("k"), "rl~|k");
+        assert_ne!(leases.bucket_key("k"), buckets.bucket_key("k"));
+        // `~` in a key or a namespace is escaped: no bucket ends in `~|`.
+        assert_eq!(buckets.bucket_key("~|k"), "rl|%7E%7Ck");
+        assert_eq!(Names::new("rl~", KeyNames::Encoded, false).head(), "rl%7E|");
+        let tagged = leases.with_hash_tag(true);
+        assert_eq!(tagged.bucket_key("k"), "{rl}~|k");
+        let hashed = Names::new(
+            "rl",
+            KeyNames::Hashed(KeySecret::new([3; 16]).unwrap()),
+            false,
+        );
+        assert!(hashed.leases().bucket_key("k").starts_with("rl~#"));
     }
 
     #[test]
