@@ -1,7 +1,7 @@
 //! `BucketHandle`: one key's bucket held by a long-lived caller, and how
 //! the limiter makes one; its calls are in `calls`.
 
-use super::moved::Moved;
+use super::life::Moved;
 use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, SpendError};
 use crate::error::Denial;

@@ -128,8 +128,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// Spends from the moved bucket of `key`, whose entry says `MOVED`,
-    /// under that entry's shard lock (lock order: this shard, then
-    /// `moved`). A `MOVED` word always has its `moved` entry: both change
+    /// under that entry's shard lock (in the lock order of `life`). A `MOVED` word always has its `moved` entry: both change
     /// under this shard's write lock. Out of line: the map path's body
     /// then stays small enough to inline where it is called twice.
     #[cold]
@@ -188,19 +187,6 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 return decided;
             }
         }
-    }
-
-    /// A new bucket for the key whose hash is `hash`, counted (and shown
-    /// to the sweep's ghosts), with its place under the cap reserved;
-    /// `None` at the cap. Called under the shard's write lock, only for a
-    /// key that is absent.
-    #[inline]
-    fn new_bucket(&self, hash: u64) -> Option<Bucket> {
-        let occupancy = &self.occupancy;
-        occupancy.reserve().then(|| {
-            occupancy.ghosts.created(hash);
-            self.observer.created()
-        })
     }
 
     /// Creates the key's bucket (unless another thread just did) and

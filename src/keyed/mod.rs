@@ -4,10 +4,12 @@ mod build;
 mod calls;
 mod ghosts;
 mod handle;
+mod life;
 mod map_path;
-mod moved;
 mod observe;
+mod occupancy;
 mod plan;
+mod spend;
 mod sweep;
 
 use crate::bucket::Bucket;
@@ -17,10 +19,10 @@ use crate::observe::Observer;
 use crate::store::Map;
 use crate::time::Clock;
 pub use handle::BucketHandle;
-use moved::Moved;
+use life::Moved;
+use occupancy::Occupancy;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use sweep::Occupancy;
 
 /// The default hasher: foldhash, seeded per limiter.
 ///
@@ -82,8 +84,8 @@ pub struct TokenBucketLimiter<K = String, S = DefaultHasher> {
     /// `MOVED` has moved its bucket to `moved`.
     buckets: Map<K, Bucket, S>,
     /// The buckets of keys that have had a [`BucketHandle`], behind an
-    /// `Arc` the handles share. Lock order: an entry's shard in `buckets`
-    /// first, then `moved`, everywhere.
+    /// `Arc` the handles share. Lock order: `buckets` first, then `moved`
+    /// (see `life`).
     moved: Map<K, Moved, S>,
     /// Bucket accounting for the cap and the automatic sweep.
     occupancy: Occupancy,

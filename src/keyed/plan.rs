@@ -146,8 +146,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// Resets the bucket of `key`'s entry, held under its shard's write
-    /// lock, or the moved bucket the entry stands for (lock order: the
-    /// shard, then `moved`). Under that lock no sweep can retire the moved
+    /// lock, or the moved bucket the entry stands for (in the lock order of
+    /// `life`). Under that lock no sweep can retire the moved
     /// bucket, and a map entry is never retired in place.
     fn reset_entry<Q>(&self, key: &Q, bucket: &Bucket)
     where
