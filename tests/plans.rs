@@ -80,7 +80,7 @@ proptest! {
             let key = keys[op.key];
             let got = match op.how {
                 0 => limiter.under(&q).check(key, Now, op.cost),
-                1 => handles[op.key].under(&q).check(&(), Now, op.cost),
+                1 => handles[op.key].under(&q).check(Now, op.cost),
                 2 => {
                     limiter.set_quota(q);
                     limiter.check(key, Now, op.cost)

@@ -18,7 +18,11 @@
 
 use super::{BucketHandle, TokenBucketLimiter};
 use crate::bucket::{Bucket, SpendError};
+use crate::decision::Decision;
+use crate::error::Denial;
 use crate::gcra::Quota;
+use crate::limiter::Limiter;
+use crate::time::At;
 use crate::under::Under;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -56,16 +60,59 @@ impl BucketHandle {
     /// # Examples
     ///
     /// ```
-    /// use keyrate::{Limiter, Quota, TokenBucketLimiter};
+    /// use keyrate::{Quota, TokenBucketLimiter};
     ///
     /// let limiter = TokenBucketLimiter::new(1.0, 1);
     /// let handle = limiter.bucket("sk_pro_1");
     /// let pro = Quota::new(20.0, 100).unwrap();
-    /// assert!(handle.under(&pro).allow_n(&(), 0.0, 100));
+    /// assert!(handle.under(&pro).allow_n(0.0, 100));
+    /// assert_eq!(handle.under(&pro).remaining(0.0), Ok(0));
     /// ```
+    ///
+    /// The view is also a [`Limiter<()>`](crate::Limiter), for code
+    /// written over any limiter (`limiter.allow(&(), at)`).
     #[must_use]
     pub fn under(&self, quota: &Quota) -> Under<'_, Self> {
         Under::new(self, *quota)
+    }
+}
+
+/// # A handle's view under a quota: the calls without the key
+///
+/// As on the handle itself, the key (`()`) is left out; the [`Limiter`]
+/// calls stay available through the trait.
+impl Under<'_, BucketHandle> {
+    /// [`Limiter::allow`] on the handle's bucket under this quota.
+    #[must_use]
+    #[inline(always)]
+    pub fn allow(&self, at: impl Into<At>) -> bool {
+        Limiter::allow(self, &(), at)
+    }
+
+    /// [`Limiter::allow_n`] on the handle's bucket under this quota.
+    #[must_use]
+    #[inline(always)]
+    pub fn allow_n(&self, at: impl Into<At>, cost: u64) -> bool {
+        Limiter::allow_n(self, &(), at, cost)
+    }
+
+    /// [`Limiter::check`] on the handle's bucket under this quota.
+    ///
+    /// # Errors
+    ///
+    /// The [`Denial`]s listed on [`Limiter::check`].
+    #[inline(always)]
+    pub fn check(&self, at: impl Into<At>, cost: u64) -> Result<Decision, Denial> {
+        Limiter::check(self, &(), at, cost)
+    }
+
+    /// [`Limiter::remaining`] on the handle's bucket under this quota.
+    ///
+    /// # Errors
+    ///
+    /// [`Denial::InvalidTimestamp`] for an instant out of range.
+    pub fn remaining(&self, at: impl Into<At>) -> Result<u64, Denial> {
+        Limiter::remaining(self, &(), at)
     }
 }
 
