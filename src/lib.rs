@@ -91,7 +91,10 @@ mod sync;
 mod time;
 mod under;
 
-pub use crate::compound::{CompoundDecision, CompoundDenial, CompoundLimiter, Policy, MAX_QUOTAS};
+pub use crate::compound::{
+    AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundLimiter, CompoundRefusal,
+    Policy, MAX_QUOTAS,
+};
 pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
