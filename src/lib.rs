@@ -93,7 +93,7 @@ mod under;
 
 pub use crate::compound::{
     AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundLimiter, CompoundRefusal,
-    Policy, MAX_QUOTAS,
+    CompoundStats, Policy, COUNTED_SCOPES, MAX_QUOTAS,
 };
 pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
 pub use crate::decision::{Decision, Refusal};
@@ -114,7 +114,8 @@ pub use crate::observe::{
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingConnection, BlockingRedisLimiter, CircuitStats, FailurePolicy, KeyNames, KeySecret,
-    RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError, DEFAULT_REDIS_TIMEOUT,
+    Placed, RedisCompoundDenial, RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError,
+    DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

@@ -186,7 +186,12 @@ where
         CompoundLimiter::check_scopes(self, scopes, at, cost)
     }
 
-    fn remaining(&self, key: &Q, policy: &Policy, at: impl Into<At>) -> Result<u64, CompoundDenial> {
+    fn remaining(
+        &self,
+        key: &Q,
+        policy: &Policy,
+        at: impl Into<At>,
+    ) -> Result<u64, CompoundDenial> {
         CompoundLimiter::remaining(self, key, policy, at)
     }
 }

@@ -6,6 +6,7 @@ use super::charge::charge_check_then_spend;
 use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
+use super::stats::{CompoundCounters, CompoundStats};
 use super::store::{Cell, Store};
 use crate::keyed::DefaultHasher;
 use crate::sync::Arc;
@@ -50,6 +51,7 @@ pub struct CompoundLimiter<K = String, S = DefaultHasher> {
     store: Store<K, S>,
     /// Read by calls at [`Now`](crate::Now) only.
     clock: std::sync::Arc<dyn Clock>,
+    counters: CompoundCounters,
 }
 
 impl<K, S> fmt::Debug for CompoundLimiter<K, S>
@@ -108,6 +110,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         CompoundLimiter {
             store: Store::new(hasher),
             clock: std::sync::Arc::new(MonotonicClock::new()),
+            counters: CompoundCounters::new(),
         }
     }
 
@@ -250,6 +253,41 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let result = self.decide(scopes, at.into(), cost);
+        self.counters.decided(cost, result.as_ref());
+        result
+    }
+
+    /// This limiter's counters: decisions by outcome, and denials by the
+    /// `(scope, quota)` that bound them (see [`CompoundStats`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, Policy, Quota};
+    ///
+    /// let policy = Policy::new([Quota::new(1.0, 9).unwrap(), Quota::new(1.0, 1).unwrap()]).unwrap();
+    /// let limiter = CompoundLimiter::new();
+    /// assert!(limiter.check("k", &policy, 0.0, 2).is_err());
+    /// assert_eq!(limiter.stats().denied_exceeds_capacity, 1);
+    /// assert_eq!(limiter.stats().denied_by(0, 1), 1);
+    /// ```
+    #[must_use]
+    pub fn stats(&self) -> CompoundStats {
+        self.counters.read()
+    }
+
+    /// [`check_scopes`](Self::check_scopes), uncounted.
+    fn decide<Q>(
+        &self,
+        scopes: &[(&Q, &crate::Policy)],
+        at: At,
+        cost: u64,
+    ) -> Result<CompoundDecision, CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         if scopes.is_empty() {
             return Err(CompoundDenial::NoScopes);
         }
@@ -259,7 +297,6 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             }
         }
         let now = at
-            .into()
             .nanos(&*self.clock)
             .ok_or(CompoundDenial::InvalidTimestamp)?;
         decide::check_costs(scopes.iter().map(|&(_, policy)| policy), cost)?;
@@ -364,4 +401,3 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         self.store.words(key)
     }
 }
-

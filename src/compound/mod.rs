@@ -20,9 +20,11 @@ pub(crate) mod decide;
 mod limiter;
 mod outcome;
 mod policy;
+pub(crate) mod stats;
 mod store;
 
 pub use self::calls::{AsyncCompound, Compound, CompoundRefusal};
 pub use self::limiter::CompoundLimiter;
 pub use self::outcome::{CompoundDecision, CompoundDenial};
 pub use self::policy::{Policy, MAX_QUOTAS};
+pub use self::stats::{CompoundStats, COUNTED_SCOPES};

@@ -27,6 +27,8 @@ pub struct CompoundDecision {
     pub(crate) scope: usize,
     pub(crate) quota: usize,
     pub(crate) reset_after: Duration,
+    /// Admitted by a Redis limiter's failure policy: Redis could not decide.
+    pub(crate) degraded: bool,
 }
 
 impl CompoundDecision {
@@ -61,6 +63,15 @@ impl CompoundDecision {
     #[must_use]
     pub fn reset_after(&self) -> Duration {
         self.reset_after
+    }
+
+    /// Whether the call was admitted without a decision: a Redis limiter
+    /// whose [`FailurePolicy`](crate::FailurePolicy) is `Open` could not
+    /// reach Redis. Its counts are then the capacity of the scope's first
+    /// smallest quota, not a bucket's. Always false in memory.
+    #[must_use]
+    pub fn is_degraded(&self) -> bool {
+        self.degraded
     }
 }
 
@@ -113,6 +124,16 @@ pub enum CompoundDenial {
     },
     /// The call named no scope.
     NoScopes,
+    /// Redis limiters only: the Redis names of scopes `first` and `second`
+    /// fall in different Redis Cluster hash slots, so one script cannot
+    /// charge both atomically. Place a call's buckets in one slot (see
+    /// `RedisLimiter::placed`).
+    CrossSlot {
+        /// The earlier scope's index.
+        first: usize,
+        /// The later scope's index.
+        second: usize,
+    },
 }
 
 impl CompoundDenial {
@@ -196,6 +217,11 @@ impl fmt::Display for CompoundDenial {
             CompoundDenial::NoScopes => {
                 f.write_str("the call names no scope: it needs at least one (key, policy)")
             }
+            CompoundDenial::CrossSlot { first, second } => write!(
+                f,
+                "scopes {first} and {second} are stored in different Redis Cluster hash \
+                 slots: place the call's buckets in one slot (RedisLimiter::placed)"
+            ),
         }
     }
 }

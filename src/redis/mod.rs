@@ -19,12 +19,14 @@
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
 //! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
 //! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
-//! (resets), `error.rs`.
+//! (resets), `error.rs`; `compound/` holds the compound calls (several
+//! quotas and keys, all or nothing, in one script call).
 
 mod blocking;
 mod breaker;
 mod builder;
 mod call;
+mod compound;
 mod error;
 mod limiter;
 mod mirror;
@@ -36,6 +38,7 @@ mod stats;
 
 pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
 pub use self::breaker::CircuitStats;
+pub use self::compound::{Placed, RedisCompoundDenial};
 pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
 pub use self::limiter::RedisLimiter;
 pub use self::names::{KeyNames, KeySecret};

@@ -1,0 +1,360 @@
+//! Compound calls on Redis (`AsyncCompound`, `Compound`): the exact model
+//! of `tests/compound_model` on a standalone Redis, async and blocking,
+//! and on a Redis Cluster (feature `redis-cluster`); bad input; a denial
+//! by one scope that spends nothing in the others; the deny mirror; the
+//! counters by binding bucket.
+//!
+//! Needs `KEYRATE_REDIS_URL` (and `KEYRATE_REDIS_CLUSTER_URLS` for the
+//! cluster), see `redis_support`. Every test names its own namespace.
+#![cfg(not(loom))]
+
+mod compound_model;
+mod redis_support;
+
+use compound_model::{call_strategy, policy_strategy, quota, run_against_model, T0};
+use keyrate::{
+    AsyncCompound, BlockingRedisLimiter, Compound, CompoundDenial, CompoundLimiter,
+    CompoundRefusal, ConfigError, Policy, Quota, RedisCompoundDenial, RedisErrorKind, RedisLimiter,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use redis_support::{limiter, unique_prefix, TEST_TIMEOUT};
+use std::time::Duration;
+
+const SEC: u64 = 1_000_000_000;
+
+/// Policies and calls for the model, fewer cases than in memory: each
+/// call is a round trip, and each key's remaining another.
+fn cases() -> impl Strategy<Value = (Vec<Vec<(u64, u64)>>, Vec<(Vec<usize>, i64, u64)>)> {
+    (
+        prop::collection::vec(policy_strategy(), 1..=4),
+        prop::collection::vec(call_strategy(4), 1..30),
+    )
+}
+
+fn runner() -> TestRunner {
+    TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+/// Every answer equals the model's, through the async limiter with its
+/// buckets placed by an anchor, and through one whose namespace is the
+/// hash tag; the mirror (on by default) denied some calls locally and
+/// stayed exact.
+#[test]
+fn async_matches_the_model() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let base = runtime.block_on(limiter("compound_model", Quota::new(1.0, 1).unwrap()));
+    let case = std::cell::Cell::new(0u64);
+    runner()
+        .run(&cases(), |(policies, calls)| {
+            case.set(case.get() + 1);
+            let limiter = base.clone().with_prefix(unique_prefix("compound_model"));
+            runtime.block_on(async {
+                if case.get() % 2 == 0 {
+                    run_against_model(&limiter.placed("org"), "", &policies, &calls).await
+                } else {
+                    let tagged = limiter.with_hash_tag(true);
+                    run_against_model(&tagged, "", &policies, &calls).await
+                }
+            })
+        })
+        .unwrap();
+    let stats = base.compound_stats();
+    assert!(
+        stats.admitted > 0 && stats.denied_insufficient_tokens > 0,
+        "{stats:?}"
+    );
+    assert!(
+        stats.mirror_denials > 0,
+        "the mirror denied nothing: {stats:?}"
+    );
+}
+
+/// The blocking limiter answers every call as the in-memory limiter does.
+#[test]
+fn blocking_answers_as_in_memory() {
+    let url = redis_support::url();
+    let base = BlockingRedisLimiter::connect_blocking(&url, Quota::new(1.0, 1).unwrap())
+        .unwrap()
+        .with_min_ttl(Duration::from_secs(3600))
+        .with_timeout(TEST_TIMEOUT);
+    let mut runner = runner();
+    runner
+        .run(&cases(), |(policies, calls)| {
+            let redis = base.clone_with_prefix(unique_prefix("compound_blocking"));
+            let memory = CompoundLimiter::new();
+            let built: Vec<Policy> = policies
+                .iter()
+                .map(|qs| Policy::new(qs.iter().map(|&(i, c)| quota(i, c))).unwrap())
+                .collect();
+            let names: Vec<String> = (0..built.len()).map(|k| format!("key{k}")).collect();
+            let mut now = T0;
+            for (scopes, step, cost) in calls {
+                let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < built.len()).collect();
+                if scopes.is_empty() {
+                    continue;
+                }
+                now = now.checked_add_signed(step).unwrap();
+                let at = Duration::from_nanos(now);
+                let args: Vec<(&str, &Policy)> = scopes
+                    .iter()
+                    .map(|&k| (names[k].as_str(), &built[k]))
+                    .collect();
+                let want = memory.check_scopes(&args, at, cost);
+                let got = Compound::check_scopes(&redis.placed("o"), &args, at, cost)
+                    .map_err(|refusal| refusal.denial().copied().expect("decided"));
+                prop_assert_eq!(got, want);
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// The blocking limiter with its own namespace: a helper for the test
+/// above, since `with_prefix` consumes the limiter and the blocking
+/// connection is not `Clone`.
+trait ClonePrefixed {
+    fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter;
+}
+
+impl ClonePrefixed for BlockingRedisLimiter {
+    fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter {
+        BlockingRedisLimiter::connect_blocking(&redis_support::url(), self.quota())
+            .unwrap()
+            .with_prefix(prefix)
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(TEST_TIMEOUT)
+    }
+}
+
+fn denial<T: std::fmt::Debug>(result: Result<T, RedisCompoundDenial>) -> CompoundDenial {
+    match result {
+        Err(RedisCompoundDenial::Denied(denial)) => denial,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+/// Bad input is a typed error and spends nothing: no key is written.
+#[tokio::test]
+async fn bad_input_spends_nothing() {
+    let prefix = unique_prefix("compound_bad");
+    let limiter = limiter("compound_bad", Quota::new(1.0, 1).unwrap())
+        .await
+        .with_prefix(prefix.clone());
+    let q = quota(SEC, 3);
+    assert_eq!(Policy::new([]), Err(ConfigError::EmptyPolicy));
+    assert_eq!(
+        Policy::new([q; 9]),
+        Err(ConfigError::TooManyQuotas { count: 9 })
+    );
+    let policy = Policy::new([q, quota(SEC, 2)]).unwrap();
+    let placed = limiter.placed("org");
+    let at = Duration::from_nanos(T0);
+    assert_eq!(
+        denial(AsyncCompound::<str>::check_scopes(&placed, &[], at, 1).await),
+        CompoundDenial::NoScopes
+    );
+    assert_eq!(
+        denial(
+            placed
+                .check_scopes(&[("a", &policy), ("b", &policy), ("a", &policy)], at, 1)
+                .await
+        ),
+        CompoundDenial::DuplicateKey {
+            first: 0,
+            second: 2
+        }
+    );
+    assert_eq!(
+        denial(placed.check_scopes(&[("a", &policy)], at, 3).await),
+        CompoundDenial::ExceedsCapacity {
+            cost: 3,
+            capacity: 2,
+            scope: 0,
+            quota: 1
+        }
+    );
+    assert_eq!(
+        denial(placed.check_scopes(&[("a", &policy)], f64::NAN, 1).await),
+        CompoundDenial::InvalidTimestamp
+    );
+    // Unplaced, each key has its own slot (three keys in one slot: odds
+    // of 2^-28): refused on a standalone Redis too.
+    let three = [("a", &policy), ("b", &policy), ("c", &policy)];
+    assert!(matches!(
+        denial(AsyncCompound::check_scopes(&limiter, &three, at, 1).await),
+        CompoundDenial::CrossSlot { first: 0, .. }
+    ));
+    let mut raw = redis_support::raw(&redis_support::url()).await;
+    assert_eq!(
+        redis_support::keys(&mut raw, &prefix).await,
+        Vec::<String>::new()
+    );
+    let stats = limiter.compound_stats();
+    assert_eq!(stats.denied_bad_call, 3);
+    assert_eq!(stats.denied_exceeds_capacity, 1);
+    assert_eq!(stats.denied_by(0, 1), 1);
+    // A bucket key that holds something else: a typed failure, unwritten.
+    redis::cmd("SET")
+        .arg(limiter.bucket_key("f"))
+        .arg("not words")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    match AsyncCompound::check(&limiter, "f", &policy, at, 1).await {
+        Err(RedisCompoundDenial::Failed(err)) => assert_eq!(err.kind(), RedisErrorKind::Script),
+        other => panic!("{other:?}"),
+    }
+    let value: String = redis::cmd("GET")
+        .arg(limiter.bucket_key("f"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(value, "not words");
+}
+
+/// A key under its plan and its organization: the org's ceiling denies
+/// the key while its own buckets hold tokens, and the denial spends
+/// nothing from them (their Redis value is unchanged). Then the mirror:
+/// the same call again is denied without a round trip, with the same
+/// exact wait, and at that wait it is admitted.
+#[tokio::test]
+async fn org_ceiling_denies_and_spends_nothing() {
+    let limiter = limiter("compound_org", Quota::new(1.0, 1).unwrap()).await;
+    let plan = Policy::new([quota(SEC / 10, 10), quota(10 * SEC, 20)]).unwrap();
+    let org = Policy::from(quota(SEC, 4));
+    let placed = limiter.placed("org_7");
+    let at = |ns: u64| Duration::from_nanos(T0 + ns);
+    let a = [("sk_a", &plan), ("org_7", &org)];
+    let b = [("sk_b", &plan), ("org_7", &org)];
+    assert!(placed.check_scopes(&a, at(0), 3).await.is_ok());
+    let mut raw = redis_support::raw(&redis_support::url()).await;
+    let before: Option<String> = redis::cmd("GET")
+        .arg(limiter.placed_bucket_key("sk_b", "org_7"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let denied = denial(placed.check_scopes(&b, at(0), 2).await);
+    assert_eq!(
+        denied,
+        CompoundDenial::InsufficientTokens {
+            retry_after: Duration::from_secs(1),
+            scope: 1,
+            quota: 0
+        }
+    );
+    assert_eq!(placed.remaining("sk_b", &plan, at(0)).await.unwrap(), 10);
+    let after: Option<String> = redis::cmd("GET")
+        .arg(limiter.placed_bucket_key("sk_b", "org_7"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(before, after, "the denied call wrote the key's bucket");
+    // Denied again by the mirror, exactly.
+    let local = limiter.compound_stats().mirror_denials;
+    assert_eq!(
+        denial(placed.check_scopes(&b, at(SEC / 2), 2).await).retry_after(),
+        Some(Duration::from_millis(500))
+    );
+    assert_eq!(limiter.compound_stats().mirror_denials, local + 1);
+    let decision = placed.check_scopes(&b, at(SEC), 2).await.unwrap();
+    assert_eq!(
+        (decision.remaining(), decision.scope(), decision.quota()),
+        (0, 1, 0)
+    );
+    let stats = limiter.compound_stats();
+    assert_eq!(stats.denied_by(1, 0), 2);
+    assert_eq!(stats.admitted, 2);
+}
+
+/// A one-quota compound bucket is the single-quota limiter's bucket.
+#[tokio::test]
+async fn one_quota_is_the_single_bucket() {
+    use keyrate::AsyncLimiter;
+    let q = quota(SEC, 5);
+    let limiter = limiter("compound_single", q).await;
+    let at = Duration::from_nanos(T0);
+    assert!(AsyncLimiter::check(&limiter, "k", at, 2).await.is_ok());
+    let policy = Policy::from(q);
+    assert_eq!(
+        AsyncCompound::remaining(&limiter, "k", &policy, at)
+            .await
+            .unwrap(),
+        3
+    );
+    assert!(AsyncCompound::check(&limiter, "k", &policy, at, 3)
+        .await
+        .is_ok());
+    assert_eq!(AsyncLimiter::remaining(&limiter, "k", at).await.unwrap(), 0);
+}
+
+/// Redis's own clock: a call at `Now` is decided at Redis's `TIME`.
+#[tokio::test]
+async fn at_redis_s_clock() {
+    let limiter = limiter("compound_now", Quota::new(1.0, 1).unwrap()).await;
+    let policy = Policy::new([Quota::new(1.0, 2).unwrap(), Quota::new(0.001, 3).unwrap()]).unwrap();
+    let placed = limiter.placed("o");
+    assert!(placed.check("k", &policy, keyrate::Now, 2).await.is_ok());
+    let denied = denial(placed.check("k", &policy, keyrate::Now, 2).await);
+    assert!(
+        matches!(
+            denied,
+            CompoundDenial::InsufficientTokens {
+                scope: 0,
+                quota: 1,
+                ..
+            }
+        ),
+        "{denied:?}"
+    );
+}
+
+/// On a Redis Cluster: the model, with calls anchored by several anchors
+/// (so on several masters), and unplaced calls refused before Redis.
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use super::*;
+
+    #[test]
+    fn cluster_matches_the_model() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let urls = redis_support::cluster_urls();
+        let base = runtime.block_on(async {
+            RedisLimiter::with_connection(
+                redis_support::cluster(&urls).await,
+                Quota::new(1.0, 1).unwrap(),
+            )
+            .with_min_ttl(Duration::from_secs(3600))
+            .with_timeout(TEST_TIMEOUT)
+        });
+        let case = std::cell::Cell::new(0u64);
+        runner()
+            .run(&cases(), |(policies, calls)| {
+                case.set(case.get() + 1);
+                let limiter = base.clone().with_prefix(unique_prefix("cluster_compound"));
+                let anchor = format!("org{}", case.get());
+                runtime.block_on(run_against_model(
+                    &limiter.placed(&anchor),
+                    "",
+                    &policies,
+                    &calls,
+                ))
+            })
+            .unwrap();
+        let limiter = base
+            .clone()
+            .with_prefix(unique_prefix("cluster_compound_cross"));
+        let p = Policy::from(quota(SEC, 1));
+        let at = Duration::from_nanos(T0);
+        let three = [("a", &p), ("b", &p), ("c", &p)];
+        let refused = runtime.block_on(AsyncCompound::check_scopes(&limiter, &three, at, 1));
+        assert!(matches!(
+            denial(refused),
+            CompoundDenial::CrossSlot { first: 0, .. }
+        ));
+    }
+}
