@@ -102,8 +102,8 @@ pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
 pub use crate::layer::{
-    ConcurrencyLimitLayer, ConcurrencyLimitService, HeldPermit, Limited, RateLimitLayer,
-    RateLimitService,
+    CompoundLimitLayer, CompoundLimitService, ConcurrencyLimitLayer, ConcurrencyLimitService,
+    HeldPermit, Limited, RateLimitLayer, RateLimitService,
 };
 pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
