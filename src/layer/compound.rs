@@ -207,6 +207,11 @@ impl<L, F, C> CompoundLimitLayer<L, F, C> {
     pub fn responses(&self) -> Responses {
         self.shared.responses.read()
     }
+
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn response_counts(&self) -> ResponseCounts {
+        self.shared.responses.clone()
+    }
 }
 
 impl<L, F, C> Clone for CompoundLimitLayer<L, F, C> {
