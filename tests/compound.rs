@@ -30,6 +30,10 @@ proptest! {
         let limiter = CompoundLimiter::new();
         let mut model = Model::new(&policies);
         let mut now = T0;
+        // The counters the stats must hold: admissions, and denials by
+        // their binding (scope, quota).
+        let mut admitted = 0;
+        let mut by_bucket = [[0u64; keyrate::MAX_QUOTAS]; keyrate::COUNTED_SCOPES];
         for (scopes, step, cost) in calls {
             let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < keys).collect();
             if scopes.is_empty() {
@@ -42,6 +46,13 @@ proptest! {
                 .check_scopes(&args, Duration::from_nanos(now), cost)
                 .map(Decided::from);
             let want = model.call(&scopes, now, cost);
+            match want {
+                Ok(_) => admitted += 1,
+                Err(denial) => {
+                    let (scope, quota) = denial.binding().unwrap();
+                    by_bucket[scope][quota] += 1;
+                }
+            }
             prop_assert_eq!(got, want, "scopes {:?} at {} cost {}", scopes, now, cost);
             for k in 0..keys {
                 prop_assert_eq!(
@@ -51,6 +62,9 @@ proptest! {
                 );
             }
         }
+        let stats = limiter.stats();
+        prop_assert_eq!(stats.admitted, admitted);
+        prop_assert_eq!(stats.denied_by_bucket, by_bucket);
     }
 }
 
