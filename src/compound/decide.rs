@@ -132,6 +132,7 @@ pub(crate) fn summary<'a>(
     decision
 }
 
+#[cfg(feature = "redis")]
 /// What a call admitted without a decision reports (a Redis limiter's
 /// open failure policy): the smallest capacity over the scopes' quotas
 /// (the first on a tie), as if every bucket were full.
