@@ -128,3 +128,11 @@ async fn on_redis() {
     org_ceiling_binds(Arc::clone(&limiter), "org_7", "sk_a", "sk_b").await;
     assert_eq!(limiter.compound_stats().denied_by(1, 0), 1);
 }
+
+#[test]
+fn public_types_are_send_sync_debug() {
+    fn check<T: Send + Sync + std::fmt::Debug>() {}
+    check::<Scope>();
+    type Scopes = fn(&http::request::Parts) -> Option<Vec<Scope>>;
+    check::<CompoundLimitLayer<CompoundLimiter, Scopes>>();
+}

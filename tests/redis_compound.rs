@@ -358,3 +358,12 @@ mod cluster {
         ));
     }
 }
+
+#[test]
+fn public_types_are_send_sync_debug() {
+    fn check<T: Send + Sync + std::fmt::Debug>() {}
+    check::<RedisCompoundDenial>();
+    check::<keyrate::Placed<'static, RedisLimiter>>();
+    check::<keyrate::Placed<'static, BlockingRedisLimiter>>();
+    check::<keyrate::CompoundStats>();
+}

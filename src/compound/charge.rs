@@ -7,6 +7,18 @@ use super::store::Cell;
 use crate::sync::{Arc, LockGuard};
 use crate::time::Nanos;
 
+/// Charges one scope's words, already locked: all of its quotas or none.
+pub(super) fn charge_one(
+    words: &mut decide::Words,
+    policy: &crate::Policy,
+    now: Nanos,
+    cost: u64,
+) -> Result<CompoundDecision, CompoundDenial> {
+    decide::verdict(std::iter::once((0, &*words, policy)), now, cost)?;
+    decide::apply(words, policy, now, cost);
+    Ok(decide::summary(std::iter::once((0, &*words, policy)), now))
+}
+
 /// Locks every cell in the global order (by address: cells are distinct,
 /// since keys are, and every call orders any two cells the same way, so no
 /// two calls can each hold a lock the other waits for), decides, and

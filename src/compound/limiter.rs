@@ -1,8 +1,8 @@
 //! The in-memory compound limiter: its configuration and its calls.
 
-use super::charge::charge;
 #[cfg(loom)]
 use super::charge::charge_check_then_spend;
+use super::charge::{charge, charge_one};
 use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
@@ -300,6 +300,28 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .nanos(&*self.clock)
             .ok_or(CompoundDenial::InvalidTimestamp)?;
         decide::check_costs(scopes.iter().map(|&(_, policy)| policy), cost)?;
+        #[cfg(loom)]
+        let one_scope_path =
+            !crate::loom_api::flawed(crate::loom_api::Flaw::CompoundCheckThenSpend);
+        #[cfg(not(loom))]
+        let one_scope_path = true;
+        if let (&[(key, policy)], true) = (scopes, one_scope_path) {
+            // One bucket: decided under its shard's lock and its own, in
+            // that order (the store's one lock order), with no `Arc` taken
+            // and nothing allocated.
+            let charge = |words: &mut decide::Words| charge_one(words, policy, now, cost);
+            return match self.store.with_words(key, charge) {
+                Ok(decided) => decided,
+                Err(_) => {
+                    self.store.sweep(now);
+                    self.store
+                        .with_words(key, charge)
+                        .unwrap_or(Err(CompoundDenial::LimiterFull {
+                            max_keys: self.store.max_keys(),
+                        }))
+                }
+            };
+        }
         let cells = scopes
             .iter()
             .map(|&(key, _)| self.cell(key, now))
