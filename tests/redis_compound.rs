@@ -25,7 +25,11 @@ const SEC: u64 = 1_000_000_000;
 
 /// Policies and calls for the model, fewer cases than in memory: each
 /// call is a round trip, and each key's remaining another.
-fn cases() -> impl Strategy<Value = (Vec<Vec<(u64, u64)>>, Vec<(Vec<usize>, i64, u64)>)> {
+/// Policies (quotas as `(interval ns, capacity)`), and calls (scopes,
+/// time step, cost).
+type Case = (Vec<Vec<(u64, u64)>>, Vec<(Vec<usize>, i64, u64)>);
+
+fn cases() -> impl Strategy<Value = Case> {
     (
         prop::collection::vec(policy_strategy(), 1..=4),
         prop::collection::vec(call_strategy(4), 1..30),
