@@ -371,3 +371,27 @@ fn public_types_are_send_sync_debug() {
     check::<keyrate::Placed<'static, BlockingRedisLimiter>>();
     check::<keyrate::CompoundStats>();
 }
+
+/// `reset_all` refills placed compound buckets too, and the mirror
+/// forgets their words: a call the mirror denied before is admitted after.
+#[tokio::test]
+async fn reset_all_reaches_placed_buckets() {
+    let prefix = unique_prefix("compound_reset");
+    let limiter = limiter("compound_reset", Quota::new(1.0, 1).unwrap())
+        .await
+        .with_prefix(prefix.clone());
+    let policy = Policy::new([quota(SEC, 2), quota(60 * SEC, 3)]).unwrap();
+    let at = Duration::from_nanos(T0);
+    let placed = limiter.placed("org");
+    let scopes = [("k", &policy), ("org", &policy)];
+    assert!(placed.check_scopes(&scopes, at, 2).await.is_ok());
+    assert!(placed.check_scopes(&scopes, at, 1).await.is_err());
+    assert!(AsyncCompound::check(&limiter, "plain", &policy, at, 1)
+        .await
+        .is_ok());
+    let mut raw = redis_support::raw(&redis_support::url()).await;
+    assert_eq!(redis_support::keys(&mut raw, &prefix).await.len(), 3);
+    assert_eq!(limiter.reset_all().await.unwrap(), 3);
+    assert!(redis_support::keys(&mut raw, &prefix).await.is_empty());
+    assert!(placed.check_scopes(&scopes, at, 2).await.is_ok());
+}

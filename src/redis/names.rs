@@ -244,6 +244,18 @@ impl Names {
         out
     }
 
+    /// The `SCAN MATCH` pattern of every name of this namespace: the
+    /// head then anything, and the names placed by an anchor (the encoded
+    /// namespace, then `{`). The encoding leaves no glob character in the
+    /// namespace, and the separators are literal inside `[...]`.
+    pub(super) fn scan_pattern(&self) -> String {
+        if self.hash_tag {
+            return format!("{}*", self.head);
+        }
+        let (namespace, separator) = self.head.split_at(self.head.len() - 1);
+        format!("{namespace}[{separator}{{]*")
+    }
+
     /// Appends `key` as this limiter names keys: hashed or encoded.
     fn key_into(&self, out: &mut String, key: &str) {
         match &self.keys {
@@ -346,6 +358,8 @@ mod tests {
         // The namespace's own tag wins: one slot already.
         let tagged = Names::new("rl", KeyNames::Encoded, true);
         assert_eq!(tagged.placed_key("k", Some("a")), "{rl}|k");
+        assert_eq!(tagged.scan_pattern(), "{rl}|*");
+        assert_eq!(names.scan_pattern(), "rl[|{]*");
     }
 
     #[test]

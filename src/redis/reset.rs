@@ -24,7 +24,7 @@ impl Settings {
         let mut cmd = ::redis::cmd("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")
-            .arg(format!("{}*", self.names.head()))
+            .arg(self.names.scan_pattern())
             .arg("COUNT")
             .arg(RESET_BATCH);
         cmd
@@ -113,7 +113,8 @@ where
     }
 
     /// Refills every bucket of this limiter's namespace: `SCAN` for its
-    /// names ([`bucket_key_prefix`](Self::bucket_key_prefix) then `*`),
+    /// names ([`bucket_key_prefix`](Self::bucket_key_prefix) then `*`, and
+    /// the compound buckets [`placed`](Self::placed) under any anchor),
     /// 1,000 at a time, and `UNLINK` each batch; returns how many keys it
     /// removed. Calls that run meanwhile are decided before or after their
     /// key's reset. Other processes' mirrors: as for [`reset`](Self::reset).
