@@ -5,7 +5,7 @@
 
 mod compound_model;
 
-use compound_model::{call_strategy, policy_strategy, quota, Decided, Model, T0};
+use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
 use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,10 +22,8 @@ proptest! {
         calls in prop::collection::vec(call_strategy(4), 1..40),
     ) {
         let keys = policies.len();
-        let built: Vec<Policy> = policies
-            .iter()
-            .map(|qs| Policy::new(qs.iter().map(|&(i, c)| quota(i, c))).unwrap())
-            .collect();
+        let mut policies = policies;
+        let mut built: Vec<Policy> = policies.iter().map(|qs| policy(qs)).collect();
         let names: Vec<String> = (0..keys).map(|k| format!("key{k}")).collect();
         let limiter = CompoundLimiter::new();
         let mut model = Model::new(&policies);
@@ -34,10 +32,17 @@ proptest! {
         // their binding (scope, quota).
         let mut admitted = 0;
         let mut by_bucket = [[0u64; keyrate::MAX_QUOTAS]; keyrate::COUNTED_SCOPES];
-        for (scopes, step, cost) in calls {
+        for (scopes, step, cost, change) in calls {
             let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < keys).collect();
             if scopes.is_empty() {
                 continue;
+            }
+            if let Some(drawn) = change {
+                // The first key's quotas change from this call on.
+                let k = scopes[0];
+                policies[k] = changed(&policies[k], &drawn);
+                built[k] = policy(&policies[k]);
+                model.change(k, &policies[k]);
             }
             now = now.checked_add_signed(step).unwrap();
             let args: Vec<(&str, &Policy)> =

@@ -11,7 +11,9 @@
 mod compound_model;
 mod redis_support;
 
-use compound_model::{call_strategy, policy_strategy, quota, run_against_model, T0};
+use compound_model::{
+    call_strategy, changed, policy, policy_strategy, quota, run_against_model, Call, T0,
+};
 use keyrate::{
     AsyncCompound, BlockingRedisLimiter, Compound, CompoundDenial, CompoundLimiter,
     CompoundRefusal, ConfigError, Policy, Quota, RedisCompoundDenial, RedisErrorKind, RedisLimiter,
@@ -27,7 +29,7 @@ const SEC: u64 = 1_000_000_000;
 /// call is a round trip, and each key's remaining another.
 /// Policies (quotas as `(interval ns, capacity)`), and calls (scopes,
 /// time step, cost).
-type Case = (Vec<Vec<(u64, u64)>>, Vec<(Vec<usize>, i64, u64)>);
+type Case = (Vec<Vec<(u64, u64)>>, Vec<Call>);
 
 fn cases() -> impl Strategy<Value = Case> {
     (
@@ -91,16 +93,19 @@ fn blocking_answers_as_in_memory() {
         .run(&cases(), |(policies, calls)| {
             let redis = base.clone_with_prefix(unique_prefix("compound_blocking"));
             let memory = CompoundLimiter::new();
-            let built: Vec<Policy> = policies
-                .iter()
-                .map(|qs| Policy::new(qs.iter().map(|&(i, c)| quota(i, c))).unwrap())
-                .collect();
+            let mut policies = policies;
+            let mut built: Vec<Policy> = policies.iter().map(|qs| policy(qs)).collect();
             let names: Vec<String> = (0..built.len()).map(|k| format!("key{k}")).collect();
             let mut now = T0;
-            for (scopes, step, cost) in calls {
+            for (scopes, step, cost, change) in calls {
                 let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < built.len()).collect();
                 if scopes.is_empty() {
                     continue;
+                }
+                if let Some(drawn) = change {
+                    let k = scopes[0];
+                    policies[k] = changed(&policies[k], &drawn);
+                    built[k] = policy(&policies[k]);
                 }
                 now = now.checked_add_signed(step).unwrap();
                 let at = Duration::from_nanos(now);

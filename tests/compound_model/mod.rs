@@ -142,6 +142,24 @@ impl Model {
         })
     }
 
+    /// Key `key` is held to `quotas` from now on. The rule of a quota
+    /// change: each bucket keeps its instant of being full again (its
+    /// missing refill, at its last update), read under the new quota; so
+    /// the credit at the last update moves by the change of the full
+    /// credit, and may become a debt.
+    pub fn change(&mut self, key: usize, quotas: &[(u64, u64)]) {
+        let buckets = self.buckets.get_mut(&key).unwrap();
+        for (b, &(interval, capacity)) in buckets.iter_mut().zip(quotas) {
+            let old_full = b.full();
+            b.interval = interval;
+            b.capacity = capacity;
+            let new_full = b.full();
+            b.state = b
+                .state
+                .map(|(credit, last)| (credit + new_full - old_full, last));
+        }
+    }
+
     pub fn remaining(&self, key: usize, now: u64) -> u64 {
         self.buckets[&key]
             .iter()
@@ -182,7 +200,14 @@ pub fn policy_strategy() -> impl Strategy<Value = Vec<(u64, u64)>> {
 
 /// One call: distinct keys (in a random order), a step of time (possibly
 /// backwards), and a cost.
-pub fn call_strategy(keys: usize) -> impl Strategy<Value = (Vec<usize>, i64, u64)> {
+/// One call: its keys, its step of time, its cost, and, one call in
+/// eight, new quotas for its first key from this call on (see
+/// [`Model::change`]).
+pub type Call = (Vec<usize>, i64, u64, Option<Vec<(u64, u64)>>);
+
+/// One call: distinct keys (in a random order), a step of time (possibly
+/// backwards), a cost, and sometimes a quota change.
+pub fn call_strategy(keys: usize) -> impl Strategy<Value = Call> {
     (
         Just((0..keys).collect::<Vec<_>>()).prop_shuffle(),
         1..=keys,
@@ -192,8 +217,20 @@ pub fn call_strategy(keys: usize) -> impl Strategy<Value = (Vec<usize>, i64, u64
             1 => Just(0i64),
         ],
         0u64..=7,
+        prop_oneof![7 => Just(None), 1 => policy_strategy().prop_map(Some)],
     )
-        .prop_map(|(order, n, step, cost)| (order[..n].to_vec(), step, cost))
+        .prop_map(|(order, n, step, cost, change)| (order[..n].to_vec(), step, cost, change))
+}
+
+/// `drawn` quotas made as many as `current`'s (cycled): a quota change
+/// keeps the number of quotas, so that every word keeps its quota's place.
+pub fn changed(current: &[(u64, u64)], drawn: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    drawn.iter().copied().cycle().take(current.len()).collect()
+}
+
+/// The policy of `quotas`.
+pub fn policy(quotas: &[(u64, u64)]) -> keyrate::Policy {
+    keyrate::Policy::new(quotas.iter().map(|&(i, c)| quota(i, c))).unwrap()
 }
 
 /// Runs `calls` on `limiter` (any async compound backend) and on the
@@ -203,24 +240,28 @@ pub async fn run_against_model<L>(
     limiter: &L,
     tag: &str,
     policies: &[Vec<(u64, u64)>],
-    calls: &[(Vec<usize>, i64, u64)],
+    calls: &[Call],
 ) -> Result<(), TestCaseError>
 where
     L: keyrate::AsyncCompound<str>,
 {
     use keyrate::CompoundRefusal;
     let keys = policies.len();
-    let built: Vec<keyrate::Policy> = policies
-        .iter()
-        .map(|qs| keyrate::Policy::new(qs.iter().map(|&(i, c)| quota(i, c))).unwrap())
-        .collect();
+    let mut policies = policies.to_vec();
+    let mut built: Vec<keyrate::Policy> = policies.iter().map(|qs| policy(qs)).collect();
     let names: Vec<String> = (0..keys).map(|k| format!("{tag}key{k}")).collect();
-    let mut model = Model::new(policies);
+    let mut model = Model::new(&policies);
     let mut now = T0;
-    for (scopes, step, cost) in calls {
+    for (scopes, step, cost, change) in calls {
         let scopes: Vec<usize> = scopes.iter().copied().filter(|&k| k < keys).collect();
         if scopes.is_empty() {
             continue;
+        }
+        if let Some(drawn) = change {
+            let k = scopes[0];
+            policies[k] = changed(&policies[k], drawn);
+            built[k] = policy(&policies[k]);
+            model.change(k, &policies[k]);
         }
         now = now.checked_add_signed(*step).unwrap();
         let at = Duration::from_nanos(now);
