@@ -104,9 +104,18 @@ where
     // Key b's own buckets hold tokens, and the denial spent none of them:
     // its burst holds 5 less 2, not less 3.
     let now = keyrate::Now;
-    assert_eq!(limiter.remaining(key_b, &plan, now).await.unwrap(), 3);
+    assert_eq!(
+        limiter.remaining_policy(key_b, &plan, now).await.unwrap(),
+        3
+    );
     let (_, org_policy) = policies();
-    assert_eq!(limiter.remaining(org, &org_policy, now).await.unwrap(), 0);
+    assert_eq!(
+        limiter
+            .remaining_policy(org, &org_policy, now)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 #[tokio::test]

@@ -214,7 +214,7 @@ async fn bad_input_spends_nothing() {
         .query_async::<()>(&mut raw)
         .await
         .unwrap();
-    match AsyncCompound::check(&limiter, "f", &policy, at, 1).await {
+    match limiter.check_policy("f", &policy, at, 1).await {
         Err(RedisCompoundDenial::Failed(err)) => assert_eq!(err.kind(), RedisErrorKind::Script),
         other => panic!("{other:?}"),
     }
@@ -256,7 +256,10 @@ async fn org_ceiling_denies_and_spends_nothing() {
             quota: 0
         }
     );
-    assert_eq!(placed.remaining("sk_b", &plan, at(0)).await.unwrap(), 10);
+    assert_eq!(
+        placed.remaining_policy("sk_b", &plan, at(0)).await.unwrap(),
+        10
+    );
     let after: Option<String> = redis::cmd("GET")
         .arg(limiter.placed_bucket_key("sk_b", "org_7"))
         .query_async(&mut raw)
@@ -289,15 +292,8 @@ async fn one_quota_is_the_single_bucket() {
     let at = Duration::from_nanos(T0);
     assert!(AsyncLimiter::check(&limiter, "k", at, 2).await.is_ok());
     let policy = Policy::from(q);
-    assert_eq!(
-        AsyncCompound::remaining(&limiter, "k", &policy, at)
-            .await
-            .unwrap(),
-        3
-    );
-    assert!(AsyncCompound::check(&limiter, "k", &policy, at, 3)
-        .await
-        .is_ok());
+    assert_eq!(limiter.remaining_policy("k", &policy, at).await.unwrap(), 3);
+    assert!(limiter.check_policy("k", &policy, at, 3).await.is_ok());
     assert_eq!(AsyncLimiter::remaining(&limiter, "k", at).await.unwrap(), 0);
 }
 
@@ -307,8 +303,11 @@ async fn at_redis_s_clock() {
     let limiter = limiter("compound_now", Quota::new(1.0, 1).unwrap()).await;
     let policy = Policy::new([Quota::new(1.0, 2).unwrap(), Quota::new(0.001, 3).unwrap()]).unwrap();
     let placed = limiter.placed("o");
-    assert!(placed.check("k", &policy, keyrate::Now, 2).await.is_ok());
-    let denied = denial(placed.check("k", &policy, keyrate::Now, 2).await);
+    assert!(placed
+        .check_policy("k", &policy, keyrate::Now, 2)
+        .await
+        .is_ok());
+    let denied = denial(placed.check_policy("k", &policy, keyrate::Now, 2).await);
     assert!(
         matches!(
             denied,
@@ -391,9 +390,7 @@ async fn reset_all_reaches_placed_buckets() {
     let scopes = [("k", &policy), ("org", &policy)];
     assert!(placed.check_scopes(&scopes, at, 2).await.is_ok());
     assert!(placed.check_scopes(&scopes, at, 1).await.is_err());
-    assert!(AsyncCompound::check(&limiter, "plain", &policy, at, 1)
-        .await
-        .is_ok());
+    assert!(limiter.check_policy("plain", &policy, at, 1).await.is_ok());
     let mut raw = redis_support::raw(&redis_support::url()).await;
     assert_eq!(redis_support::keys(&mut raw, &prefix).await.len(), 3);
     assert_eq!(limiter.reset_all().await.unwrap(), 3);

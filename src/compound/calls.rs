@@ -57,7 +57,10 @@ impl CompoundRefusal for CompoundDenial {
 ///
 /// A call charges `cost` to every quota of every `(key, policy)` scope,
 /// all or nothing (see [`CompoundLimiter`] for the rule); its instant is
-/// `impl Into<`[`At`]`>`, as for [`Limiter`](crate::Limiter).
+/// `impl Into<`[`At`]`>`, as for [`Limiter`](crate::Limiter). The names
+/// differ from [`Limiter`](crate::Limiter)'s (`check_policy`, not
+/// `check`), so that a Redis limiter, which answers both, needs no
+/// disambiguation with both traits in scope.
 ///
 /// # Examples
 ///
@@ -72,7 +75,7 @@ impl CompoundRefusal for CompoundDenial {
 /// let org = Policy::from(Quota::new(1.0, 3).unwrap());
 /// let limiter = CompoundLimiter::new();
 /// assert_eq!(admitted(&limiter, &[("k", &key), ("org", &org)], 10), 3);
-/// assert_eq!(Compound::remaining(&limiter, "k", &key, 0.0), Ok(2));
+/// assert_eq!(limiter.remaining_policy("k", &key, 0.0), Ok(2));
 /// ```
 pub trait Compound<Q: ?Sized = str> {
     /// Why a call was not admitted: [`CompoundDenial`] in memory.
@@ -98,14 +101,19 @@ pub trait Compound<Q: ?Sized = str> {
     ///
     /// [`CompoundDenial::InvalidTimestamp`] for a bad instant, and a
     /// backend's failure.
-    fn remaining(&self, key: &Q, policy: &Policy, at: impl Into<At>) -> Result<u64, Self::Error>;
+    fn remaining_policy(
+        &self,
+        key: &Q,
+        policy: &Policy,
+        at: impl Into<At>,
+    ) -> Result<u64, Self::Error>;
 
     /// [`check_scopes`](Self::check_scopes) with one scope.
     ///
     /// # Errors
     ///
     /// As [`check_scopes`](Self::check_scopes).
-    fn check(
+    fn check_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -131,7 +139,7 @@ pub trait Compound<Q: ?Sized = str> {
 /// # async fn main() {
 /// let policy = Policy::new([Quota::new(1.0, 5).unwrap(), Quota::new(1.0, 2).unwrap()]).unwrap();
 /// let limiter = CompoundLimiter::new();
-/// let decision = AsyncCompound::check(&limiter, "k", &policy, 0.0, 2).await.unwrap();
+/// let decision = limiter.check_policy("k", &policy, 0.0, 2).await.unwrap();
 /// assert_eq!((decision.remaining(), decision.quota()), (0, 1));
 /// # }
 /// ```
@@ -147,16 +155,16 @@ pub trait AsyncCompound<Q: ?Sized + Sync = str>: Sync {
         cost: u64,
     ) -> impl Future<Output = Result<CompoundDecision, Self::Error>> + Send;
 
-    /// [`Compound::remaining`], awaited.
-    fn remaining(
+    /// [`Compound::remaining_policy`], awaited.
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
         at: impl Into<At>,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
-    /// [`Compound::check`], awaited.
-    fn check(
+    /// [`Compound::check_policy`], awaited.
+    fn check_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -186,7 +194,7 @@ where
         CompoundLimiter::check_scopes(self, scopes, at, cost)
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -213,7 +221,7 @@ where
         std::future::ready(CompoundLimiter::check_scopes(self, scopes, at, cost))
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,

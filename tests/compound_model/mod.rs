@@ -278,7 +278,7 @@ where
         prop_assert_eq!(got, want, "scopes {:?} at {} cost {}", scopes, now, cost);
         for k in 0..keys {
             let left = limiter
-                .remaining(names[k].as_str(), &built[k], at)
+                .remaining_policy(names[k].as_str(), &built[k], at)
                 .await
                 .map_err(|refusal| refusal.denial().copied());
             prop_assert_eq!(left, Ok(model.remaining(k, now)), "key {}", k);

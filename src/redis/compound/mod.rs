@@ -321,7 +321,7 @@ where
         self.check_compound(scopes, None, at.into(), cost)
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -348,7 +348,7 @@ where
             .check_compound(scopes, Some(self.anchor), at.into(), cost)
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -371,7 +371,7 @@ impl<Q: AsRef<str> + ?Sized> Compound<Q> for RedisLimiter<BlockingConnection> {
         self.check_compound_blocking(scopes, None, at.into(), cost)
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
@@ -394,7 +394,7 @@ impl<Q: AsRef<str> + ?Sized> Compound<Q> for Placed<'_, RedisLimiter<BlockingCon
             .check_compound_blocking(scopes, Some(self.anchor), at.into(), cost)
     }
 
-    fn remaining(
+    fn remaining_policy(
         &self,
         key: &Q,
         policy: &Policy,
