@@ -11,9 +11,11 @@
 //! Files: `policy.rs` (the quotas of one key), `outcome.rs` (decisions
 //! and denials), `decide.rs` (the rule as pure arithmetic on words, shared
 //! with the Redis backend), `calls.rs` (the traits every compound backend
-//! answers), `limiter.rs` (the in-memory front end), `charge.rs` (its
+//! answers), `limiter.rs` (the in-memory front end), `build.rs` (making and
+//! configuring it), `charge.rs` (its
 //! locking), and `store.rs` (its keyed store).
 
+mod build;
 mod calls;
 mod charge;
 pub(crate) mod decide;

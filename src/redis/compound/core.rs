@@ -6,8 +6,8 @@
 use super::super::error::RedisLimiterError;
 use super::super::script::{join, limbs, word, When};
 use super::super::settings::Settings;
+use super::error::RedisCompoundDenial;
 use super::slot;
-use super::RedisCompoundDenial;
 use crate::compound::decide::{self, Words};
 use crate::compound::stats::Cell;
 use crate::compound::{CompoundDecision, CompoundDenial, Policy, MAX_QUOTAS};

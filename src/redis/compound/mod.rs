@@ -7,31 +7,32 @@
 //! single-quota limiter's bucket, the same key and the same word. On a
 //! Redis Cluster one script can only touch keys of one hash slot, so a
 //! call whose buckets would fall in several slots is refused
-//! ([`CompoundDenial::CrossSlot`]) before any round trip, on every Redis
-//! (so that code does not change when it moves to a cluster). Buckets are
+//! ([`CompoundDenial::CrossSlot`](crate::CompoundDenial::CrossSlot))
+//! before any round trip, on every Redis (so that code does not change
+//! when it moves to a cluster). Buckets are
 //! placed in one slot by an anchor ([`RedisLimiter::placed`]), or all in
 //! the namespace's slot ([`RedisLimiter::with_hash_tag`]).
 //!
 //! Files: `core.rs` (the I/O-free core: checks, names, the mirror's
 //! denial, the invocation, the decision from the reply), `slot.rs` (hash
-//! slots), `bounds.rs` (the mirror's bounds of compound words), and here
+//! slots), `bounds.rs` (the mirror's bounds of compound words),
+//! `error.rs` (the refusal), and here
 //! the front ends: async, blocking, and the placed view of either.
 
 mod bounds;
 mod core;
+mod error;
 mod slot;
 
 pub(super) use self::bounds::WordBounds;
+pub use self::error::RedisCompoundDenial;
 
 use self::core::{Call, Outcome};
 use super::blocking::BlockingConnection;
 use super::breaker::answered;
 use super::error::RedisLimiterError;
 use super::limiter::RedisLimiter;
-use crate::compound::{
-    AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundRefusal, CompoundStats,
-    Policy,
-};
+use crate::compound::{AsyncCompound, Compound, CompoundDecision, CompoundStats, Policy};
 use crate::time::At;
 use ::redis::aio::ConnectionLike;
 use std::fmt;
@@ -39,62 +40,6 @@ use std::future::Future;
 
 /// The compound decision script; Redis caches it by its SHA-1.
 pub(super) const COMPOUND_SCRIPT: &str = include_str!("compound.lua");
-
-/// Why a Redis limiter did not admit a compound call: the decision's
-/// [`CompoundDenial`] (Redis's, the deny mirror's, or the checks made
-/// before any round trip), or Redis's failure under a fail-closed
-/// [`FailurePolicy`](crate::FailurePolicy).
-///
-/// # Examples
-///
-/// ```
-/// use keyrate::{CompoundDenial, CompoundRefusal, RedisCompoundDenial};
-///
-/// let denied = RedisCompoundDenial::from(CompoundDenial::NoScopes);
-/// assert_eq!(denied.denial(), Some(&CompoundDenial::NoScopes));
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum RedisCompoundDenial {
-    /// Decided: denied, and nothing was spent.
-    Denied(CompoundDenial),
-    /// Redis could not decide and the failure policy is `Closed`. A
-    /// timeout may have come after the script ran (all of it, or none).
-    Failed(RedisLimiterError),
-}
-
-impl From<CompoundDenial> for RedisCompoundDenial {
-    fn from(denial: CompoundDenial) -> Self {
-        RedisCompoundDenial::Denied(denial)
-    }
-}
-
-impl fmt::Display for RedisCompoundDenial {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedisCompoundDenial::Denied(denial) => denial.fmt(f),
-            RedisCompoundDenial::Failed(err) => write!(f, "refused (fail closed): {err}"),
-        }
-    }
-}
-
-impl std::error::Error for RedisCompoundDenial {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RedisCompoundDenial::Denied(denial) => Some(denial),
-            RedisCompoundDenial::Failed(err) => Some(err),
-        }
-    }
-}
-
-impl CompoundRefusal for RedisCompoundDenial {
-    fn denial(&self) -> Option<&CompoundDenial> {
-        match self {
-            RedisCompoundDenial::Denied(denial) => Some(denial),
-            RedisCompoundDenial::Failed(_) => None,
-        }
-    }
-}
 
 /// A Redis limiter whose compound calls place every bucket in the hash
 /// slot of one anchor (see [`RedisLimiter::placed`]): the same calls, as
@@ -127,9 +72,10 @@ impl<C> RedisLimiter<C> {
     /// scope pins every call it is part of to one master. Without an
     /// anchor a call's buckets have the names of single-quota buckets, one
     /// slot each, and a call of several scopes is refused
-    /// ([`CompoundDenial::CrossSlot`]) unless the namespace itself is the
-    /// hash tag ([`with_hash_tag`](Self::with_hash_tag), which also
-    /// overrides anchors).
+    /// ([`CompoundDenial::CrossSlot`](crate::CompoundDenial::CrossSlot))
+    /// unless the namespace itself is the hash tag
+    /// ([`with_hash_tag`](Self::with_hash_tag), which also overrides
+    /// anchors).
     ///
     /// # Examples
     ///
