@@ -38,6 +38,12 @@
 //! has `allow`, `allow_n`, `check` and `remaining` as its own methods, so
 //! the form above needs no trait import.
 //!
+//! Compound limits (several quotas per key, several keys per call, charged
+//! all or nothing) have their own limiter, [`CompoundLimiter`], and their
+//! own two traits, [`Compound`] and [`AsyncCompound`], which the Redis
+//! limiters and the tower layer `CompoundLimitLayer` answer too
+//! (`docs/compound.md`).
+//!
 //! # Semantics
 //!
 //! - Instants are `f64` seconds rounded to the nearest nanosecond, or exact

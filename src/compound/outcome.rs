@@ -66,7 +66,7 @@ impl CompoundDecision {
     }
 
     /// Whether the call was admitted without a decision: a Redis limiter
-    /// whose [`FailurePolicy`](crate::FailurePolicy) is `Open` could not
+    /// whose `FailurePolicy` is `Open` could not
     /// reach Redis. Its counts are then the capacity of the scope's first
     /// smallest quota, not a bucket's. Always false in memory.
     #[must_use]

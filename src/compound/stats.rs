@@ -49,7 +49,7 @@ pub struct CompoundStats {
     /// different Redis Cluster slots.
     pub denied_bad_call: u64,
     /// Redis limiters only: calls whose round trip failed, decided by the
-    /// [`FailurePolicy`](crate::FailurePolicy).
+    /// `FailurePolicy`.
     pub backend_errors: u64,
     /// Redis limiters only: denials decided locally by the deny mirror
     /// (also counted in `denied_insufficient_tokens`).
