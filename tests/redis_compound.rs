@@ -1,6 +1,6 @@
 //! Compound calls on Redis (`AsyncCompound`, `Compound`): the exact model
-//! of `tests/compound_model` on a standalone Redis, async and blocking,
-//! and on a Redis Cluster (feature `redis-cluster`); bad input; a denial
+//! of `tests/compound_model` on a standalone Redis (async; the blocking
+//! limiter: `redis_compound_blocking.rs`) and on a Redis Cluster (feature `redis-cluster`); bad input; a denial
 //! by one scope that spends nothing in the others; the deny mirror; the
 //! counters by binding bucket.
 //!
@@ -11,40 +11,15 @@
 mod compound_model;
 mod redis_support;
 
-use compound_model::{
-    call_strategy, changed, policy, policy_strategy, quota, run_against_model, Call, T0,
-};
+use compound_model::{cases, quota, run_against_model, runner, T0};
 use keyrate::{
-    AsyncCompound, BlockingRedisLimiter, Compound, CompoundDenial, CompoundLimiter,
-    CompoundRefusal, ConfigError, Policy, Quota, RedisCompoundDenial, RedisErrorKind, RedisLimiter,
+    AsyncCompound, BlockingRedisLimiter, CompoundDenial, ConfigError, Policy, Quota,
+    RedisCompoundDenial, RedisErrorKind, RedisLimiter,
 };
-use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use redis_support::{limiter, unique_prefix, TEST_TIMEOUT};
 use std::time::Duration;
 
 const SEC: u64 = 1_000_000_000;
-
-/// Policies and calls for the model, fewer cases than in memory: each
-/// call is a round trip, and each key's remaining another.
-/// Policies (quotas as `(interval ns, capacity)`), and calls (scopes,
-/// time step, cost).
-type Case = (Vec<Vec<(u64, u64)>>, Vec<Call>);
-
-fn cases() -> impl Strategy<Value = Case> {
-    (
-        prop::collection::vec(policy_strategy(), 1..=4),
-        prop::collection::vec(call_strategy(4), 1..30),
-    )
-}
-
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: 48,
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// Every answer equals the model's, through the async limiter with its
 /// buckets placed by an anchor, and through one whose namespace is the
@@ -78,66 +53,6 @@ fn async_matches_the_model() {
         stats.mirror_denials > 0,
         "the mirror denied nothing: {stats:?}"
     );
-}
-
-/// The blocking limiter answers every call as the in-memory limiter does.
-#[test]
-fn blocking_answers_as_in_memory() {
-    let url = redis_support::url();
-    let base = BlockingRedisLimiter::connect_blocking(&url, Quota::new(1.0, 1).unwrap())
-        .unwrap()
-        .with_min_ttl(Duration::from_secs(3600))
-        .with_timeout(TEST_TIMEOUT);
-    let mut runner = runner();
-    runner
-        .run(&cases(), |(policies, calls)| {
-            let redis = base.clone_with_prefix(unique_prefix("compound_blocking"));
-            let memory = CompoundLimiter::new();
-            let mut policies = policies;
-            let mut built: Vec<Policy> = policies.iter().map(|qs| policy(qs)).collect();
-            let names: Vec<String> = (0..built.len()).map(|k| format!("key{k}")).collect();
-            let mut now = T0;
-            for (scopes, step, cost, change) in calls {
-                let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < built.len()).collect();
-                if scopes.is_empty() {
-                    continue;
-                }
-                if let Some(drawn) = change {
-                    let k = scopes[0];
-                    policies[k] = changed(&policies[k], &drawn);
-                    built[k] = policy(&policies[k]);
-                }
-                now = now.checked_add_signed(step).unwrap();
-                let at = Duration::from_nanos(now);
-                let args: Vec<(&str, &Policy)> = scopes
-                    .iter()
-                    .map(|&k| (names[k].as_str(), &built[k]))
-                    .collect();
-                let want = memory.check_scopes(&args, at, cost);
-                let got = Compound::check_scopes(&redis.placed("o"), &args, at, cost)
-                    .map_err(|refusal| refusal.denial().copied().expect("decided"));
-                prop_assert_eq!(got, want);
-            }
-            Ok(())
-        })
-        .unwrap();
-}
-
-/// The blocking limiter with its own namespace: a helper for the test
-/// above, since `with_prefix` consumes the limiter and the blocking
-/// connection is not `Clone`.
-trait ClonePrefixed {
-    fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter;
-}
-
-impl ClonePrefixed for BlockingRedisLimiter {
-    fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter {
-        BlockingRedisLimiter::connect_blocking(&redis_support::url(), self.quota())
-            .unwrap()
-            .with_prefix(prefix)
-            .with_min_ttl(Duration::from_secs(3600))
-            .with_timeout(TEST_TIMEOUT)
-    }
 }
 
 fn denial<T: std::fmt::Debug>(result: Result<T, RedisCompoundDenial>) -> CompoundDenial {
@@ -377,7 +292,8 @@ fn public_types_are_send_sync_debug() {
 }
 
 /// `reset_all` refills placed compound buckets too, and the mirror
-/// forgets their words: a call the mirror denied before is admitted after.
+/// forgets their words: a call the mirror denied before is admitted after;
+/// a placed bucket is reset alone by its anchor's view.
 #[tokio::test]
 async fn reset_all_reaches_placed_buckets() {
     let prefix = unique_prefix("compound_reset");
@@ -396,4 +312,9 @@ async fn reset_all_reaches_placed_buckets() {
     assert_eq!(limiter.reset_all().await.unwrap(), 3);
     assert!(redis_support::keys(&mut raw, &prefix).await.is_empty());
     assert!(placed.check_scopes(&scopes, at, 2).await.is_ok());
+    // One placed key reset alone: it holds its burst again, the org not.
+    assert!(placed.reset("k").await.unwrap());
+    assert!(!placed.reset("k").await.unwrap());
+    assert!(placed.check_policy("org", &policy, at, 1).await.is_err());
+    assert!(placed.check_policy("k", &policy, at, 2).await.is_ok());
 }

@@ -286,3 +286,25 @@ where
     }
     Ok(())
 }
+
+/// Policies (quotas as `(interval ns, capacity)`), and calls (scopes,
+/// time step, cost, quota change).
+pub type Case = (Vec<Vec<(u64, u64)>>, Vec<Call>);
+
+/// Policies and calls for the model on Redis, fewer than in memory: each
+/// call is a round trip, and each key's remaining another.
+pub fn cases() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(policy_strategy(), 1..=4),
+        prop::collection::vec(call_strategy(4), 1..30),
+    )
+}
+
+/// The runner of the Redis model tests: 48 cases, nothing persisted.
+pub fn runner() -> proptest::test_runner::TestRunner {
+    proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 48,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    })
+}

@@ -32,6 +32,7 @@ use super::blocking::BlockingConnection;
 use super::breaker::answered;
 use super::error::RedisLimiterError;
 use super::limiter::RedisLimiter;
+use super::reset::parse;
 use crate::compound::{AsyncCompound, Compound, CompoundDecision, CompoundStats, Policy};
 use crate::time::At;
 use ::redis::aio::ConnectionLike;
@@ -195,6 +196,62 @@ where
                 .and_then(|answer| answer.map_err(RedisLimiterError::from));
         breaker.record(pass, answered(&answer), breaker.now());
         settings.finish_compound(call, answer)
+    }
+}
+
+/// # Resets of placed buckets
+impl<C> Placed<'_, RedisLimiter<C>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Refills `key`'s bucket placed by this anchor (one `DEL` of its
+    /// [`placed_bucket_key`](RedisLimiter::placed_bucket_key)), as
+    /// [`RedisLimiter::reset`] does an unplaced one; returns whether the
+    /// key had a bucket. This limiter's mirror forgets it at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::reset`]'s.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{AsyncCompound, Policy, Quota, RedisLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
+    /// let policy = Policy::new([Quota::new(1.0, 3)?, Quota::new(0.1, 5)?])?;
+    /// let org = limiter.placed("org_7");
+    /// assert!(org.check_policy("k", &policy, 0.0, 3).await.is_ok());
+    /// assert!(org.check_policy("k", &policy, 0.0, 1).await.is_err());
+    /// assert!(org.reset("k").await?);
+    /// assert!(org.check_policy("k", &policy, 0.0, 3).await.is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reset(&self, key: &str) -> Result<bool, RedisLimiterError> {
+        let settings = &self.limiter.settings;
+        let name = settings.names.placed_key(key, Some(self.anchor));
+        let removed = self.limiter.query(&settings.delete_name(&name)).await;
+        settings.forget_name(&name);
+        Ok(parse::<u64>(removed?)? > 0)
+    }
+}
+
+impl Placed<'_, RedisLimiter<BlockingConnection>> {
+    /// [`reset`](Placed::reset) over the blocking connection.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisLimiter::reset`]'s.
+    pub fn reset_blocking(&self, key: &str) -> Result<bool, RedisLimiterError> {
+        let settings = &self.limiter.settings;
+        let name = settings.names.placed_key(key, Some(self.anchor));
+        let removed = self.limiter.query_blocking(&settings.delete_name(&name));
+        settings.forget_name(&name);
+        Ok(parse::<u64>(removed?)? > 0)
     }
 }
 
