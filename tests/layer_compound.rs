@@ -87,9 +87,9 @@ where
         assert_eq!(status, 200, "request {i}");
         assert_eq!(headers["ratelimit-policy"], policy_list);
         if i == 0 {
-            // The least after one request: 4 of the burst of 5; every
-            // bucket is full again in 4 h (one org token of 6 a day).
-            assert_eq!(headers["ratelimit"], "\"key.0\";r=4;t=14400");
+            // The least after one request: 4 of the burst of 5, full
+            // again in 12 minutes (one token of 5 an hour).
+            assert_eq!(headers["ratelimit"], "\"key.0\";r=4;t=720");
         }
     }
     // Key b: 2 admitted, then the org's ceiling binds.

@@ -122,6 +122,7 @@ pub(crate) fn summary<'a>(
                     scope,
                     quota,
                     reset_after: Duration::ZERO,
+                    quota_reset_after: words[quota].saturating_sub(now).into(),
                     degraded: false,
                 });
             }
@@ -147,6 +148,7 @@ pub(crate) fn degraded<'a>(policies: impl Iterator<Item = &'a Policy>) -> Compou
                     scope,
                     quota,
                     reset_after: Duration::ZERO,
+                    quota_reset_after: Duration::ZERO,
                     degraded: true,
                 });
             }
@@ -206,6 +208,7 @@ mod tests {
         let d = summary([(0, &words, &p)].into_iter(), now);
         assert_eq!((d.remaining, d.scope, d.quota, d.limit), (0, 0, 1, 2));
         assert_eq!(d.reset_after, Duration::from_secs(2));
+        assert_eq!(d.quota_reset_after, Duration::from_secs(2));
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct CompoundDecision {
     pub(crate) scope: usize,
     pub(crate) quota: usize,
     pub(crate) reset_after: Duration,
+    /// How long until the bucket holding the least is full again.
+    pub(crate) quota_reset_after: Duration,
     /// Admitted by a Redis limiter's failure policy: Redis could not decide.
     pub(crate) degraded: bool,
 }
@@ -63,6 +65,28 @@ impl CompoundDecision {
     #[must_use]
     pub fn reset_after(&self) -> Duration {
         self.reset_after
+    }
+
+    /// How long until the bucket that holds the least (quota
+    /// [`quota`](Self::quota) of scope [`scope`](Self::scope)) is full
+    /// again, if nothing else spends from it: what a `RateLimit` header
+    /// naming that quota reports.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, Policy, Quota};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new([Quota::new(1.0, 2).unwrap(), Quota::new(0.1, 10).unwrap()]).unwrap();
+    /// let decision = CompoundLimiter::new().check("k", &policy, 0.0, 1).unwrap();
+    /// assert_eq!((decision.remaining(), decision.quota()), (1, 0));
+    /// assert_eq!(decision.quota_reset_after(), Duration::from_secs(1));
+    /// assert_eq!(decision.reset_after(), Duration::from_secs(10)); // the second quota's
+    /// ```
+    #[must_use]
+    pub fn quota_reset_after(&self) -> Duration {
+        self.quota_reset_after
     }
 
     /// Whether the call was admitted without a decision: a Redis limiter

@@ -14,8 +14,7 @@
 //! ```
 //!
 //! On an admission `RateLimit` names the bucket holding the least, `r` its
-//! whole tokens and `t` the seconds until every bucket of the request is
-//! full again; on a 429 it names the bucket whose wait binds, with `r=0`
+//! whole tokens and `t` the seconds until it is full again; on a 429 it names the bucket whose wait binds, with `r=0`
 //! and `t` that wait, as `Retry-After`. A cost above some quota's capacity
 //! is 413; a limiter at its cap of keys 503 with `Retry-After: 1`; a
 //! request whose scopes are malformed (none, a key twice, keys in several
@@ -133,7 +132,7 @@ impl fmt::Debug for Scope {
 /// let request = || http::Request::get("/").header("authorization", "Bearer k").body(()).unwrap();
 /// let ok = service.clone().oneshot(request()).await.unwrap();
 /// assert_eq!(ok.headers()["ratelimit-policy"], "\"key.0\";q=3;w=3, \"key.1\";q=5;w=500, \"org.0\";q=2;w=2");
-/// assert_eq!(ok.headers()["ratelimit"], "\"org.0\";r=1;t=100");
+/// assert_eq!(ok.headers()["ratelimit"], "\"org.0\";r=1;t=1");
 /// let _ = service.clone().oneshot(request()).await.unwrap();
 /// let limited = service.clone().oneshot(request()).await.unwrap();
 /// assert_eq!(limited.status(), 429);
@@ -356,7 +355,7 @@ fn admitted(scopes: &[Scope], decision: &CompoundDecision) -> Vec<(HeaderName, H
     let mut headers = vec![(RATELIMIT_POLICY, policy_list(scopes))];
     if !decision.is_degraded() {
         let binding = (decision.scope(), decision.quota());
-        let t = ceil_secs(decision.reset_after());
+        let t = ceil_secs(decision.quota_reset_after());
         headers.push((RATELIMIT, state(scopes, binding, decision.remaining(), t)));
     }
     headers

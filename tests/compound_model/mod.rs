@@ -117,7 +117,7 @@ impl Model {
             });
         }
         // Admitted: spend from every bucket.
-        let mut least: Option<(u64, usize, usize, u64)> = None;
+        let mut least: Option<(u64, usize, usize, u64, i128)> = None;
         let mut reset = 0i128;
         for (scope, key) in scopes.iter().enumerate() {
             for (quota, b) in self.buckets.get_mut(key).unwrap().iter_mut().enumerate() {
@@ -127,18 +127,19 @@ impl Model {
                 }
                 let left = b.tokens(credit);
                 reset = reset.max(b.full() - credit);
-                if least.map_or(true, |(l, _, _, _)| left < l) {
-                    least = Some((left, scope, quota, b.capacity));
+                if least.map_or(true, |(l, ..)| left < l) {
+                    least = Some((left, scope, quota, b.capacity, b.full() - credit));
                 }
             }
         }
-        let (remaining, scope, quota, limit) = least.unwrap();
+        let (remaining, scope, quota, limit, own) = least.unwrap();
         Ok(Decided {
             remaining,
             limit,
             scope,
             quota,
             reset_after: Duration::from_nanos(reset as u64),
+            quota_reset_after: Duration::from_nanos(own as u64),
         })
     }
 
@@ -177,6 +178,7 @@ pub struct Decided {
     pub scope: usize,
     pub quota: usize,
     pub reset_after: Duration,
+    pub quota_reset_after: Duration,
 }
 
 impl From<CompoundDecision> for Decided {
@@ -187,6 +189,7 @@ impl From<CompoundDecision> for Decided {
             scope: d.scope(),
             quota: d.quota(),
             reset_after: d.reset_after(),
+            quota_reset_after: d.quota_reset_after(),
         }
     }
 }
