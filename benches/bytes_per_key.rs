@@ -11,6 +11,7 @@
 #[allow(dead_code)]
 mod common;
 
+use common::compound::KeyrateCompound;
 use common::{
     api_key, AtomicFloor, Competitor, DashTuple, Governor, Keyrate, MutexMap, SccBoxWord, Spec,
 };
@@ -122,6 +123,12 @@ fn main() {
         rows.push((name, all_keys.iter().map(f).collect()));
     };
     measure("keyrate", &|k| bytes_per_key(k, |k| Keyrate::new(spec, k)));
+    measure("keyrate compound, 1 quota", &|k| {
+        bytes_per_key(k, |k| KeyrateCompound::new(spec, k, 1))
+    });
+    measure("keyrate compound, 2 quotas", &|k| {
+        bytes_per_key(k, |k| KeyrateCompound::new(spec, k, 2))
+    });
     measure("governor", &|k| {
         bytes_per_key(k, |k| Governor::new(spec, k))
     });

@@ -14,7 +14,19 @@
 //! KEYRATE_PAIRED_ONLY=hammered cargo bench --bench paired  # scenarios whose name holds it
 //! KEYRATE_PAIRED_ONLY=churn cargo bench --bench paired     # new keys only
 //! KEYRATE_PAIRED_ONLY=everyday cargo bench --bench paired  # active keys + new ones
+//! KEYRATE_PAIRED_ONLY=compound cargo bench --bench paired  # compound calls (issue 22)
 //! ```
+//!
+//! The compound scenarios (a table of their own) pair governor doing one
+//! quota with keyrate's single-quota call, a `CompoundLimiter` call of one
+//! and of two quotas on one key, three sequential single-quota calls (key,
+//! org, global) and one three-scope compound call; their last columns are
+//! the medians of the rounds' time ratios the issue asks about. For a
+//! stable count of instructions, `KEYRATE_PAIRED_COMPETITOR=i` runs only
+//! the compound table's competitor `i` (0 governor, 1 keyrate, 2 and 3
+//! compound of 1 and 2 quotas, 4 sequential, 5 three scopes), under
+//! `valgrind --tool=callgrind --toggle-collect='*call_once{{vtable.shim}}*'`
+//! (the slices' threads): the README's "Compound limits" has the recipe.
 //!
 //! Beside the ratios, the last column gives the buckets keyrate (the first
 //! column) created per million timed calls: a key's first call creates one,
@@ -23,6 +35,7 @@
 #[allow(dead_code)]
 mod common;
 
+use common::compound::{KeyrateCompound, KeyrateScopes, SequentialScopes};
 use common::{api_key, mix, Competitor, DashWord, Governor, Keyrate, KeyrateUnder, Spec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -166,6 +179,94 @@ fn build(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
     ]
 }
 
+/// The compound scenarios' competitors, governor first.
+fn build_compound(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
+    vec![
+        Box::new(Governor::new(spec, table.clone())),
+        Box::new(Keyrate::new(spec, table.clone())),
+        Box::new(KeyrateCompound::new(spec, table.clone(), 1)),
+        Box::new(KeyrateCompound::new(spec, table.clone(), 2)),
+        Box::new(SequentialScopes::new(spec, table.clone())),
+        Box::new(KeyrateScopes::new(spec, table.clone())),
+    ]
+}
+
+/// The compound scenarios: every competitor warmed on the keys, then
+/// paired rounds at 1 and 2 threads.
+fn compound(rounds: usize, sim: &AtomicU64) {
+    let scenarios = [
+        (
+            "compound: spread 100000 keys",
+            Spec::ADMIT,
+            100_000,
+            Pick::Spread(100_000),
+        ),
+        (
+            "compound: 1 hammered key, denied",
+            Spec::DENY,
+            1,
+            Pick::Rotate(1),
+        ),
+    ];
+    let only = std::env::var("KEYRATE_PAIRED_ONLY").ok();
+    let competitor: Option<usize> = std::env::var("KEYRATE_PAIRED_COMPETITOR")
+        .ok()
+        .and_then(|i| i.parse().ok());
+    let runs = |which: usize| competitor.map_or(true, |only| only == which);
+    println!();
+    println!(
+        "| scenario | threads | keyrate, 1 quota | compound, 1 quota | compound, 2 quotas | \
+         3 sequential calls | compound, 3 scopes | time 2 quotas / 1 quota (single) | \
+         time 3 scopes / 3 sequential |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, spec, keys, pick) in scenarios {
+        if only
+            .as_ref()
+            .is_some_and(|only| !name.contains(only.as_str()))
+        {
+            continue;
+        }
+        let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
+        let competitors = build_compound(spec, &table);
+        let base = sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed);
+        for (which, competitor) in competitors.iter().enumerate() {
+            if runs(which) {
+                competitor.warm(keys, base);
+            }
+        }
+        for threads in [1, 2] {
+            let mut ratios = vec![Vec::new(); competitors.len()];
+            let (mut two_to_one, mut scopes_to_sequential) = (Vec::new(), Vec::new());
+            for round in 0..rounds {
+                let mut times = vec![Duration::ZERO; competitors.len()];
+                for turn in 0..competitors.len() {
+                    let which = (round + turn) % competitors.len();
+                    let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
+                    if runs(which) {
+                        times[which] = competitors[which].slice(threads, pick, base, keys);
+                    }
+                }
+                for (which, time) in times.iter().enumerate() {
+                    ratios[which].push(times[0].as_secs_f64() / time.as_secs_f64());
+                }
+                two_to_one.push(times[3].as_secs_f64() / times[1].as_secs_f64());
+                scopes_to_sequential.push(times[5].as_secs_f64() / times[4].as_secs_f64());
+            }
+            print!("| {name} | {threads} |");
+            for ratio in ratios.into_iter().skip(1) {
+                let (mid, low, high) = median(ratio);
+                print!(" {mid:.2}x [{low:.2}-{high:.2}] |");
+            }
+            for ratio in [two_to_one, scopes_to_sequential] {
+                let (mid, low, high) = median(ratio);
+                print!(" {mid:.2} [{low:.2}-{high:.2}] |");
+            }
+            println!();
+        }
+    }
+}
+
 fn median(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     (
@@ -249,6 +350,13 @@ fn main() {
         );
         return;
     }
+    // Caller time handed out so far: every slice takes a fresh stretch.
+    let sim = AtomicU64::new(1_000_000_000);
+    if scenarios.is_empty() {
+        // Only compound scenarios asked for.
+        compound(rounds, &sim);
+        return;
+    }
     println!(
         "median ratio to governor over {rounds} paired rounds [lowest-highest round], \
          {SLICE} calls per thread per slice; last column: buckets keyrate created \
@@ -261,8 +369,6 @@ fn main() {
          keyrate: created per 10^6 calls |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    // Caller time handed out so far: every slice takes a fresh stretch.
-    let sim = AtomicU64::new(1_000_000_000);
     // keyrate's hot-key promotions per million timed calls, by scenario.
     let mut promotions = Vec::new();
     for (name, spec, keys, pick) in scenarios {
@@ -333,4 +439,5 @@ fn main() {
     for (name, per_million) in promotions {
         println!("- {name}: {per_million:.1}");
     }
+    compound(rounds, &sim);
 }

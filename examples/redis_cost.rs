@@ -11,8 +11,13 @@
 //!
 //! Each case makes `calls` calls (default 20,000), `rounds` times (default
 //! 5), and prints the lowest and the median usec_per_call of its rounds.
+//! The compound cases (issue 22) charge one key under two quotas, or three
+//! keys (key, org, global) under one quota each, in one script call.
 
-use keyrate::{AsyncLimiter, Decision, Now, Quota, RedisDenial, RedisLimiter, Refusal};
+use keyrate::{
+    AsyncCompound, AsyncLimiter, CompoundRefusal, Decision, Now, Policy, Quota, RedisDenial,
+    RedisLimiter, Refusal,
+};
 use redis::aio::MultiplexedConnection;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -36,9 +41,17 @@ enum Case {
     NewGeneral,
     /// A new key per call, at `Now`.
     NewNow,
+    /// Compound: one existing key under two quotas, admitted, caller time,
+    /// no mirror.
+    CompoundTwoQuotas,
+    /// Compound: three existing keys (key, org, global), admitted, caller
+    /// time, no mirror.
+    CompoundThreeScopes,
+    /// Compound: one key under two quotas, denied (no mirror).
+    CompoundDenied,
 }
 
-const CASES: [(Case, &str); 8] = [
+const CASES: [(Case, &str); 11] = [
     (
         Case::AdmitFast,
         "admitted, existing key, caller time (fast path)",
@@ -53,6 +66,12 @@ const CASES: [(Case, &str); 8] = [
     (Case::NewFast, "new key, caller time (fast path)"),
     (Case::NewGeneral, "new key, caller time, no mirror"),
     (Case::NewNow, "new key, Now"),
+    (
+        Case::CompoundTwoQuotas,
+        "compound: 1 key, 2 quotas, admitted",
+    ),
+    (Case::CompoundThreeScopes, "compound: 3 scopes, admitted"),
+    (Case::CompoundDenied, "compound: 1 key, 2 quotas, denied"),
 ];
 
 fn decided(answer: Result<Decision, RedisDenial>) -> Result<bool, Error> {
@@ -85,14 +104,38 @@ async fn usec_per_call(conn: &mut MultiplexedConnection) -> Result<(f64, u64), E
     Ok((field("usec_per_call="), field("calls=") as u64))
 }
 
+/// One compound call of `case` at caller time: admitted or denied.
+async fn compound(limiter: &RedisLimiter, case: Case, deny: Quota) -> Result<bool, Error> {
+    let admit = Quota::new(1e9, 1 << 40)?;
+    let two = match case {
+        Case::CompoundDenied => Policy::new([admit, deny])?,
+        _ => Policy::new([admit, Quota::new(5e8, 1 << 40)?])?,
+    };
+    let one = Policy::from(admit);
+    let scopes: Vec<(&str, &Policy)> = match case {
+        Case::CompoundThreeScopes => vec![("k", &one), ("org", &one), ("global", &one)],
+        _ => vec![("k", &two)],
+    };
+    match limiter.check_scopes(&scopes, unix(), 1).await {
+        Ok(_) => Ok(true),
+        Err(err) if err.denial().is_some() => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
 async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Error> {
     let admit = Quota::new(1e9, 1 << 40)?;
     let deny = Quota::new(1e-6, 1)?;
-    let denying = matches!(case, Case::Denied | Case::DeniedNow);
+    let denying = matches!(case, Case::Denied | Case::DeniedNow | Case::CompoundDenied);
     let mirror = matches!(case, Case::AdmitFast | Case::NewFast);
+    let is_compound = matches!(
+        case,
+        Case::CompoundTwoQuotas | Case::CompoundThreeScopes | Case::CompoundDenied
+    );
     let mut limiter = RedisLimiter::connect(url, if denying { deny } else { admit })
         .await?
-        .with_prefix(format!("keyrate-cost:{tag}:"));
+        .with_prefix(format!("keyrate-cost:{tag}:"))
+        .with_hash_tag(is_compound);
     if !mirror {
         limiter = limiter.with_mirror_capacity(0);
     }
@@ -100,7 +143,9 @@ async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Er
     let new_key = matches!(case, Case::NewFast | Case::NewGeneral | Case::NewNow);
     // Load the script and create the existing key (spent to empty when
     // denying).
-    if now_case {
+    if is_compound {
+        compound(&limiter, case, deny).await?;
+    } else if now_case {
         decided(limiter.check("k", Now, 1).await)?;
     } else {
         decided(limiter.check("k", unix(), 1).await)?;
@@ -115,6 +160,10 @@ async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Er
     let mut admitted = 0;
     for i in 0..calls {
         let key = if new_key { format!("n{i}") } else { "k".into() };
+        if is_compound {
+            admitted += usize::from(compound(&limiter, case, deny).await?);
+            continue;
+        }
         let answer = if now_case {
             limiter.check(key.as_str(), Now, 1).await
         } else {

@@ -38,6 +38,12 @@
 //! has `allow`, `allow_n`, `check` and `remaining` as its own methods, so
 //! the form above needs no trait import.
 //!
+//! Compound limits (several quotas per key, several keys per call, charged
+//! all or nothing) have their own limiter, [`CompoundLimiter`], and their
+//! own two traits, [`Compound`] and [`AsyncCompound`], which the Redis
+//! limiters and the tower layer `CompoundLimitLayer` answer too
+//! (`docs/compound.md`).
+//!
 //! # Semantics
 //!
 //! - Instants are `f64` seconds rounded to the nearest nanosecond, or exact
@@ -91,7 +97,10 @@ mod sync;
 mod time;
 mod under;
 
-pub use crate::compound::{CompoundDecision, CompoundDenial, CompoundLimiter, Policy, MAX_QUOTAS};
+pub use crate::compound::{
+    AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundLimiter, CompoundRefusal,
+    CompoundStats, Policy, COUNTED_SCOPES, MAX_QUOTAS,
+};
 pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
@@ -99,8 +108,8 @@ pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};
 pub use crate::keyed::{BucketHandle, DefaultHasher, TokenBucketLimiter};
 #[cfg(feature = "tower")]
 pub use crate::layer::{
-    ConcurrencyLimitLayer, ConcurrencyLimitService, DeclaredLengthLayer, HeldPermit, Limited,
-    RateLimitLayer, RateLimitService,
+    CompoundLimitLayer, CompoundLimitService, ConcurrencyLimitLayer, ConcurrencyLimitService,
+    DeclaredLengthLayer, HeldPermit, Limited, RateLimitLayer, RateLimitService,
 };
 pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
@@ -111,9 +120,9 @@ pub use crate::observe::{
 #[cfg(feature = "redis")]
 pub use crate::redis::{
     BlockingConnection, BlockingRedisLimiter, CircuitStats, FailurePolicy, KeyNames, KeySecret,
-    RedisConcurrencyDenial, RedisConcurrencyLimiter, RedisConcurrencyStats, RedisDenial,
-    RedisErrorKind, RedisLimiter, RedisLimiterError, RedisPermit, DEFAULT_LEASE_TIME,
-    DEFAULT_REDIS_TIMEOUT,
+    Placed, RedisCompoundDenial, RedisConcurrencyDenial, RedisConcurrencyLimiter,
+    RedisConcurrencyStats, RedisDenial, RedisErrorKind, RedisLimiter, RedisLimiterError,
+    RedisPermit, DEFAULT_LEASE_TIME, DEFAULT_REDIS_TIMEOUT,
 };
 pub use crate::store::Store;
 pub use crate::time::{At, Clock, ManualClock, MonotonicClock, Now, MAX_TIMESTAMP_NANOS};

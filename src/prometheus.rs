@@ -28,7 +28,11 @@
 //! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` |
 //!
 //! A concurrency limiter ([`Metrics::concurrency`]) is exported with no
-//! per-key series at all: its keys are counted, never named.
+//! per-key series at all: its keys are counted, never named. A compound
+//! limiter ([`Metrics::compound`]) exports `keyrate_compound_*` series:
+//! its decisions, and its denials by the `(scope, quota)` that bound them
+//! (`keyrate_compound_denied_by_bucket_total{scope="1",quota="0"}`), no
+//! key either.
 //!
 //! # Keys
 //!
@@ -48,6 +52,10 @@
 //! arrive; a layer contributes 6 and a concurrency limiter 8. So `n`
 //! limiters, `m` layers and `c` concurrency limiters expose at most
 //! `n * (15 + top) + 6 * m + 8 * c` series.
+
+mod compound;
+
+pub use self::compound::ObserveCompound;
 
 use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
 use crate::keyed::TokenBucketLimiter;
@@ -179,6 +187,7 @@ type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
 pub struct Metrics {
     limiters: Vec<(String, Arc<dyn Observe>)>,
     concurrency: Vec<(String, Arc<dyn ObserveConcurrency>)>,
+    compound: Vec<(String, Arc<dyn ObserveCompound>)>,
     layers: Vec<(String, ResponsesFn)>,
     top: usize,
     labels: KeyLabels,
@@ -188,10 +197,12 @@ impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limiters: Vec<_> = self.limiters.iter().map(|(name, _)| name).collect();
         let concurrency: Vec<_> = self.concurrency.iter().map(|(name, _)| name).collect();
+        let compound: Vec<_> = self.compound.iter().map(|(name, _)| name).collect();
         let layers: Vec<_> = self.layers.iter().map(|(name, _)| name).collect();
         f.debug_struct("Metrics")
             .field("limiters", &limiters)
             .field("concurrency", &concurrency)
+            .field("compound", &compound)
             .field("layers", &layers)
             .field("top", &self.top)
             .field("labels", &self.labels)
@@ -212,6 +223,7 @@ impl Metrics {
         Metrics {
             limiters: Vec::new(),
             concurrency: Vec::new(),
+            compound: Vec::new(),
             layers: Vec::new(),
             top: DEFAULT_TOP_OFFENDERS,
             labels: KeyLabels::default(),
@@ -508,6 +520,9 @@ impl Metrics {
         }
         if !self.concurrency.is_empty() {
             self.encode_concurrency(&registry)?;
+        }
+        if !self.compound.is_empty() {
+            self.encode_compound(&registry)?;
         }
         let mut text = String::new();
         TextEncoder::new().encode_utf8(&registry.gather(), &mut text)?;

@@ -3,192 +3,13 @@
 //! of several token buckets written here, on bad input, and under real
 //! threads.
 
-use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy, Quota};
+mod compound_model;
+
+use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
+use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-/// A quota of `capacity` tokens, one every `interval` ns (exact).
-fn quota(interval: u64, capacity: u64) -> Quota {
-    Quota::with_interval(Duration::from_nanos(interval), capacity).unwrap()
-}
-
-/// An exact token bucket, written as the credit it holds (in ns of refill,
-/// negative for a debt after time ran backwards) at its last update.
-#[derive(Debug, Clone, Copy)]
-struct Exact {
-    interval: u64,
-    capacity: u64,
-    /// `None` while untouched: full.
-    state: Option<(i128, u64)>,
-}
-
-impl Exact {
-    fn full(&self) -> i128 {
-        i128::from(self.interval) * i128::from(self.capacity)
-    }
-
-    fn credit_at(&self, now: u64) -> i128 {
-        match self.state {
-            None => self.full(),
-            Some((credit, last)) if now >= last => {
-                (credit + i128::from(now - last)).min(self.full())
-            }
-            Some((credit, last)) => credit - i128::from(last - now),
-        }
-    }
-
-    fn tokens(&self, credit: i128) -> u64 {
-        if credit <= 0 {
-            0
-        } else {
-            (credit / i128::from(self.interval)) as u64
-        }
-    }
-}
-
-/// The model: each key's buckets, one per quota of its (fixed) policy.
-struct Model {
-    buckets: HashMap<usize, Vec<Exact>>,
-}
-
-impl Model {
-    fn new(policies: &[Vec<(u64, u64)>]) -> Self {
-        let buckets = policies
-            .iter()
-            .enumerate()
-            .map(|(key, quotas)| {
-                let exact = quotas
-                    .iter()
-                    .map(|&(interval, capacity)| Exact {
-                        interval,
-                        capacity,
-                        state: None,
-                    })
-                    .collect();
-                (key, exact)
-            })
-            .collect();
-        Model { buckets }
-    }
-
-    /// One call of `cost` on the keys `scopes`, in that order, at `now`.
-    fn call(&mut self, scopes: &[usize], now: u64, cost: u64) -> Result<Decided, CompoundDenial> {
-        // A cost above a capacity: the first such quota, in call order.
-        for (scope, key) in scopes.iter().enumerate() {
-            for (quota, b) in self.buckets[key].iter().enumerate() {
-                if cost > b.capacity {
-                    return Err(CompoundDenial::ExceedsCapacity {
-                        cost,
-                        capacity: b.capacity,
-                        scope,
-                        quota,
-                    });
-                }
-            }
-        }
-        // The latest wait, the first (scope, quota) on a tie.
-        let mut latest: Option<(u64, usize, usize)> = None;
-        for (scope, key) in scopes.iter().enumerate() {
-            for (quota, b) in self.buckets[key].iter().enumerate() {
-                let need = i128::from(cost) * i128::from(b.interval);
-                let credit = b.credit_at(now);
-                // Cost 0 is always admitted, even on a debt.
-                if cost > 0 && credit < need {
-                    let wait = (need - credit) as u64;
-                    if latest.map_or(true, |(w, _, _)| wait > w) {
-                        latest = Some((wait, scope, quota));
-                    }
-                }
-            }
-        }
-        if let Some((wait, scope, quota)) = latest {
-            return Err(CompoundDenial::InsufficientTokens {
-                retry_after: Duration::from_nanos(wait),
-                scope,
-                quota,
-            });
-        }
-        // Admitted: spend from every bucket.
-        let mut least: Option<(u64, usize, usize, u64)> = None;
-        let mut reset = 0i128;
-        for (scope, key) in scopes.iter().enumerate() {
-            for (quota, b) in self.buckets.get_mut(key).unwrap().iter_mut().enumerate() {
-                let credit = b.credit_at(now) - i128::from(cost) * i128::from(b.interval);
-                if cost > 0 {
-                    b.state = Some((credit, now));
-                }
-                let left = b.tokens(credit);
-                reset = reset.max(b.full() - credit);
-                if least.map_or(true, |(l, _, _, _)| left < l) {
-                    least = Some((left, scope, quota, b.capacity));
-                }
-            }
-        }
-        let (remaining, scope, quota, limit) = least.unwrap();
-        Ok(Decided {
-            remaining,
-            limit,
-            scope,
-            quota,
-            reset_after: Duration::from_nanos(reset as u64),
-        })
-    }
-
-    fn remaining(&self, key: usize, now: u64) -> u64 {
-        self.buckets[&key]
-            .iter()
-            .map(|b| b.tokens(b.credit_at(now)))
-            .min()
-            .unwrap()
-    }
-}
-
-/// A decision's fields, to compare with the limiter's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Decided {
-    remaining: u64,
-    limit: u64,
-    scope: usize,
-    quota: usize,
-    reset_after: Duration,
-}
-
-impl From<CompoundDecision> for Decided {
-    fn from(d: CompoundDecision) -> Self {
-        Decided {
-            remaining: d.remaining(),
-            limit: d.limit(),
-            scope: d.scope(),
-            quota: d.quota(),
-            reset_after: d.reset_after(),
-        }
-    }
-}
-
-const INTERVALS: &[u64] = &[1, 3, 1_000, 333_333_334, 1_000_000_000, 7_000_000_000];
-const T0: u64 = 1_700_000_000_000_000_000;
-
-fn policy_strategy() -> impl Strategy<Value = Vec<(u64, u64)>> {
-    prop::collection::vec((prop::sample::select(INTERVALS), 1u64..=6), 1..=3)
-}
-
-/// One call: distinct keys (in a random order), a step of time (possibly
-/// backwards), and a cost.
-fn call_strategy(keys: usize) -> impl Strategy<Value = (Vec<usize>, i64, u64)> {
-    (
-        Just((0..keys).collect::<Vec<_>>()).prop_shuffle(),
-        1..=keys,
-        prop_oneof![
-            4 => 0i64..3_000_000_000,
-            1 => -3_000_000_000i64..0,
-            1 => Just(0i64),
-        ],
-        0u64..=7,
-    )
-        .prop_map(|(order, n, step, cost)| (order[..n].to_vec(), step, cost))
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
@@ -201,18 +22,27 @@ proptest! {
         calls in prop::collection::vec(call_strategy(4), 1..40),
     ) {
         let keys = policies.len();
-        let built: Vec<Policy> = policies
-            .iter()
-            .map(|qs| Policy::new(qs.iter().map(|&(i, c)| quota(i, c))).unwrap())
-            .collect();
+        let mut policies = policies;
+        let mut built: Vec<Policy> = policies.iter().map(|qs| policy(qs)).collect();
         let names: Vec<String> = (0..keys).map(|k| format!("key{k}")).collect();
         let limiter = CompoundLimiter::new();
         let mut model = Model::new(&policies);
         let mut now = T0;
-        for (scopes, step, cost) in calls {
+        // The counters the stats must hold: admissions, and denials by
+        // their binding (scope, quota).
+        let mut admitted = 0;
+        let mut by_bucket = [[0u64; keyrate::MAX_QUOTAS]; keyrate::COUNTED_SCOPES];
+        for (scopes, step, cost, change) in calls {
             let scopes: Vec<usize> = scopes.into_iter().filter(|&k| k < keys).collect();
             if scopes.is_empty() {
                 continue;
+            }
+            if let Some(drawn) = change {
+                // The first key's quotas change from this call on.
+                let k = scopes[0];
+                policies[k] = changed(&policies[k], &drawn);
+                built[k] = policy(&policies[k]);
+                model.change(k, &policies[k]);
             }
             now = now.checked_add_signed(step).unwrap();
             let args: Vec<(&str, &Policy)> =
@@ -221,6 +51,13 @@ proptest! {
                 .check_scopes(&args, Duration::from_nanos(now), cost)
                 .map(Decided::from);
             let want = model.call(&scopes, now, cost);
+            match want {
+                Ok(_) => admitted += 1,
+                Err(denial) => {
+                    let (scope, quota) = denial.binding().unwrap();
+                    by_bucket[scope][quota] += 1;
+                }
+            }
             prop_assert_eq!(got, want, "scopes {:?} at {} cost {}", scopes, now, cost);
             for k in 0..keys {
                 prop_assert_eq!(
@@ -230,6 +67,9 @@ proptest! {
                 );
             }
         }
+        let stats = limiter.stats();
+        prop_assert_eq!(stats.admitted, admitted);
+        prop_assert_eq!(stats.denied_by_bucket, by_bucket);
     }
 }
 

@@ -4,6 +4,8 @@
 //!
 //! Every competitor takes the caller's timestamp: none of them reads a clock.
 
+pub mod compound;
+
 use dashmap::DashMap;
 use keyrate::{BucketHandle, Limiter, TokenBucketLimiter};
 use std::cell::Cell;

@@ -122,6 +122,8 @@ pub(crate) fn summary<'a>(
                     scope,
                     quota,
                     reset_after: Duration::ZERO,
+                    quota_reset_after: words[quota].saturating_sub(now).into(),
+                    degraded: false,
                 });
             }
         }
@@ -129,6 +131,30 @@ pub(crate) fn summary<'a>(
     let mut decision = least.expect("a call has a scope, and a policy a quota");
     decision.reset_after = reset_after.into();
     decision
+}
+
+#[cfg(feature = "redis")]
+/// What a call admitted without a decision reports (a Redis limiter's
+/// open failure policy): the smallest capacity over the scopes' quotas
+/// (the first on a tie), as if every bucket were full.
+pub(crate) fn degraded<'a>(policies: impl Iterator<Item = &'a Policy>) -> CompoundDecision {
+    let mut least: Option<CompoundDecision> = None;
+    for (scope, policy) in policies.enumerate() {
+        for (quota, q) in policy.quotas().iter().enumerate() {
+            if least.map_or(true, |d| q.capacity() < d.limit) {
+                least = Some(CompoundDecision {
+                    remaining: q.capacity(),
+                    limit: q.capacity(),
+                    scope,
+                    quota,
+                    reset_after: Duration::ZERO,
+                    quota_reset_after: Duration::ZERO,
+                    degraded: true,
+                });
+            }
+        }
+    }
+    least.expect("a call has a scope, and a policy a quota")
 }
 
 /// The least whole tokens held at `now` over the quotas of `policy`.
@@ -182,6 +208,7 @@ mod tests {
         let d = summary([(0, &words, &p)].into_iter(), now);
         assert_eq!((d.remaining, d.scope, d.quota, d.limit), (0, 0, 1, 2));
         assert_eq!(d.reset_after, Duration::from_secs(2));
+        assert_eq!(d.quota_reset_after, Duration::from_secs(2));
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct CompoundDecision {
     pub(crate) scope: usize,
     pub(crate) quota: usize,
     pub(crate) reset_after: Duration,
+    /// How long until the bucket holding the least is full again.
+    pub(crate) quota_reset_after: Duration,
+    /// Admitted by a Redis limiter's failure policy: Redis could not decide.
+    pub(crate) degraded: bool,
 }
 
 impl CompoundDecision {
@@ -61,6 +65,37 @@ impl CompoundDecision {
     #[must_use]
     pub fn reset_after(&self) -> Duration {
         self.reset_after
+    }
+
+    /// How long until the bucket that holds the least (quota
+    /// [`quota`](Self::quota) of scope [`scope`](Self::scope)) is full
+    /// again, if nothing else spends from it: what a `RateLimit` header
+    /// naming that quota reports.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, Policy, Quota};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::new([Quota::new(1.0, 2).unwrap(), Quota::new(0.1, 10).unwrap()]).unwrap();
+    /// let decision = CompoundLimiter::new().check("k", &policy, 0.0, 1).unwrap();
+    /// assert_eq!((decision.remaining(), decision.quota()), (1, 0));
+    /// assert_eq!(decision.quota_reset_after(), Duration::from_secs(1));
+    /// assert_eq!(decision.reset_after(), Duration::from_secs(10)); // the second quota's
+    /// ```
+    #[must_use]
+    pub fn quota_reset_after(&self) -> Duration {
+        self.quota_reset_after
+    }
+
+    /// Whether the call was admitted without a decision: a Redis limiter
+    /// whose `FailurePolicy` is `Open` could not
+    /// reach Redis. Its counts are then the capacity of the scope's first
+    /// smallest quota, not a bucket's. Always false in memory.
+    #[must_use]
+    pub fn is_degraded(&self) -> bool {
+        self.degraded
     }
 }
 
@@ -113,6 +148,16 @@ pub enum CompoundDenial {
     },
     /// The call named no scope.
     NoScopes,
+    /// Redis limiters only: the Redis names of scopes `first` and `second`
+    /// fall in different Redis Cluster hash slots, so one script cannot
+    /// charge both atomically. Place a call's buckets in one slot (see
+    /// `RedisLimiter::placed`).
+    CrossSlot {
+        /// The earlier scope's index.
+        first: usize,
+        /// The later scope's index.
+        second: usize,
+    },
 }
 
 impl CompoundDenial {
@@ -196,6 +241,11 @@ impl fmt::Display for CompoundDenial {
             CompoundDenial::NoScopes => {
                 f.write_str("the call names no scope: it needs at least one (key, policy)")
             }
+            CompoundDenial::CrossSlot { first, second } => write!(
+                f,
+                "scopes {first} and {second} are stored in different Redis Cluster hash \
+                 slots: place the call's buckets in one slot (RedisLimiter::placed)"
+            ),
         }
     }
 }

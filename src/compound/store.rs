@@ -15,7 +15,8 @@
 //! that bucket then, and none can get it without the shard's lock, so no
 //! spend can land on a removed bucket; a full bucket dropped is the same
 //! as a new one. Lock order: a shard's lock, then a bucket's, never the
-//! other way.
+//! other way (a call of one key holds both while it decides; a call of
+//! several holds bucket locks only).
 
 use super::decide::{self, Words};
 #[cfg(loom)]
@@ -126,6 +127,30 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let cell = Arc::new(Cell::default());
         shard.insert(key.to_owned(), Arc::clone(&cell));
         Ok(cell)
+    }
+
+    /// Runs `f` on the key's words, made full if new (unless the map
+    /// holds `max_keys` entries), under its shard's lock and then its
+    /// own: the one lock order (a call of several keys holds bucket locks
+    /// only, and takes no shard lock meanwhile).
+    pub(crate) fn with_words<Q, T>(
+        &self,
+        key: &Q,
+        f: impl FnOnce(&mut Words) -> T,
+    ) -> Result<T, Full>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut shard = self.shard(key).lock();
+        if let Some(cell) = shard.get(key) {
+            return Ok(f(&mut cell.lock()));
+        }
+        self.reserve()?;
+        let cell = Arc::new(Cell::default());
+        let result = f(&mut cell.lock());
+        shard.insert(key.to_owned(), cell);
+        Ok(result)
     }
 
     /// Takes a place under the cap for a new entry.

@@ -110,7 +110,7 @@ impl Fields {
 /// A limiter at its cap of keys (either limiter's `LimiterFull`): the
 /// server's condition, which its sweep lifts: `503` with `Retry-After` of
 /// [`LIMITER_FULL_RETRY_AFTER`].
-fn limiter_full(headers: &mut HeaderMap) -> (StatusCode, Status) {
+pub(super) fn limiter_full(headers: &mut HeaderMap) -> (StatusCode, Status) {
     let secs = ceil_secs(LIMITER_FULL_RETRY_AFTER);
     headers.insert(RETRY_AFTER, HeaderValue::from(secs));
     (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable)
@@ -168,12 +168,12 @@ pub(super) fn key_too_large<B: Default>() -> Response<B> {
 }
 
 /// Whole seconds, rounded up.
-fn ceil_secs(duration: Duration) -> u64 {
+pub(super) fn ceil_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 /// `name` as a structured-field string: quoted, `"` and `\` escaped.
-fn sf_string(name: &str) -> String {
+pub(super) fn sf_string(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 2);
     out.push('"');
     for c in name.chars() {
@@ -186,7 +186,7 @@ fn sf_string(name: &str) -> String {
     out
 }
 
-fn header_value(text: String) -> HeaderValue {
+pub(super) fn header_value(text: String) -> HeaderValue {
     // Built from printable ASCII and digits only.
     HeaderValue::try_from(text).expect("printable ASCII")
 }

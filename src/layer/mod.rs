@@ -38,8 +38,14 @@
 //! [`ConcurrencyLimiter`](crate::ConcurrencyLimiter) until its response
 //! body has been sent (see `docs/concurrency.md`).
 //!
+//! [`CompoundLimitLayer`] charges each request several scopes (its key
+//! under a plan of several quotas, its organization, a global key) all or
+//! nothing, over any [`AsyncCompound`](crate::AsyncCompound) limiter, with
+//! every quota in `RateLimit-Policy` and the binding one in `RateLimit`.
+//!
 //! Files: `mod.rs` (the rate layer's tower plumbing), `headers.rs` (the
 //! HTTP policy: header fields and refusals), `keys.rs` (key extraction),
+//! `compound.rs` (the compound layer, its plumbing and its headers),
 //! `concurrency.rs` (the concurrency layer), `held.rs` (its permit in the
 //! request and in the response body), `length.rs` (the declared-length
 //! rule, for costs by the byte).
@@ -50,12 +56,14 @@
 //! `411` for a body that declares no length (a chunked upload), and a
 //! body cut off with an error past its declared length.
 
+mod compound;
 mod concurrency;
 mod headers;
 mod held;
 mod keys;
 mod length;
 
+pub use self::compound::{CompoundLimitLayer, CompoundLimitService, Scope};
 pub use self::concurrency::{ConcurrencyLimitLayer, ConcurrencyLimitService, DefaultMax};
 pub use self::headers::{
     LIMITER_FULL_RETRY_AFTER, RATELIMIT, RATELIMIT_POLICY, X_CONCURRENCY_HELD, X_CONCURRENCY_LIMIT,

@@ -148,7 +148,7 @@ impl RedisLimiter<BlockingConnection> {
     /// Runs `f` on the open connection, opening one first if there is
     /// none (or it was opened under another timeout); drops it after a
     /// failure that may have left it broken or holding a late answer.
-    fn run<T>(
+    pub(super) fn run<T>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, RedisLimiterError>,
     ) -> Result<T, RedisLimiterError> {

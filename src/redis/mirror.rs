@@ -128,6 +128,8 @@ pub(super) struct Mirror {
     /// clears the bounds (both under their shard's lock, whose release
     /// orders them before a later `learn` of the same shard).
     floor: AtomicU64,
+    /// The bounds of compound buckets' words (`compound/bounds.rs`).
+    pub(super) words: super::compound::WordBounds,
 }
 
 /// A key's bound as the mirror knows it.
@@ -152,6 +154,10 @@ impl Mirror {
             server_offset: AtomicU64::new(0),
             refresh: Nanos::saturating_from_duration(refresh),
             floor: AtomicU64::new(0),
+            words: super::compound::WordBounds::new(
+                capacity,
+                Nanos::saturating_from_duration(refresh),
+            ),
         }
     }
 
@@ -268,6 +274,8 @@ impl Mirror {
         if let Some(entry) = shard.get_mut(key) {
             entry.bound = Nanos::ZERO;
         }
+        drop(shard);
+        self.words.forget(key);
     }
 
     /// Forgets every bound (every key was reset), and every answer to a
@@ -279,6 +287,13 @@ impl Mirror {
                 entry.bound = Nanos::ZERO;
             }
         }
+        self.words.forget_all();
+    }
+
+    /// The local instant before which sent calls' answers are not learnt.
+    pub(super) fn floor(&self) -> Nanos {
+        // Relaxed: see the field; read under a shard lock.
+        Nanos::new(self.floor.load(Relaxed))
     }
 
     fn raise_floor(&self) {

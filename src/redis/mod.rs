@@ -19,13 +19,15 @@
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
 //! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
 //! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
-//! (resets), `error.rs`; `lease/`, the concurrency limiter whose permits
+//! (resets), `error.rs`; `compound/` holds the compound calls (several
+//! quotas and keys, all or nothing, in one script call); `lease/`, the concurrency limiter whose permits
 //! are leases in Redis (`RedisConcurrencyLimiter`).
 
 mod blocking;
 mod breaker;
 mod builder;
 mod call;
+mod compound;
 mod error;
 mod lease;
 mod limiter;
@@ -38,6 +40,7 @@ mod stats;
 
 pub use self::blocking::{BlockingConnection, BlockingRedisLimiter};
 pub use self::breaker::CircuitStats;
+pub use self::compound::{Placed, RedisCompoundDenial};
 pub use self::error::{FailurePolicy, RedisDenial, RedisErrorKind, RedisLimiterError};
 pub use self::lease::{
     RedisConcurrencyDenial, RedisConcurrencyLimiter, RedisConcurrencyStats, RedisPermit,

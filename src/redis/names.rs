@@ -236,20 +236,56 @@ impl Names {
 
     /// The Redis name of `key`'s bucket.
     pub(super) fn bucket_key(&self, key: &str) -> String {
+        let mut out = String::with_capacity(self.head.len() + 32);
+        out.push_str(&self.head);
+        self.key_into(&mut out, key);
+        out
+    }
+
+    /// The Redis name of `key`'s bucket when its compound calls are placed
+    /// by `anchor` (see `RedisLimiter::placed`): the namespace, then
+    /// `{@` + the anchor hashed or encoded as keys are + `}`, a hash tag
+    /// that puts every bucket placed by one anchor in one Redis Cluster
+    /// slot, then the separator and the key. The anchor is encoded, so it
+    /// can close no brace, and the `@` keeps the tag non-empty. Without an
+    /// anchor, or when the namespace is already the hash tag
+    /// ([`with_hash_tag`](Self::with_hash_tag): one slot for everything),
+    /// the name is [`bucket_key`](Self::bucket_key)'s.
+    pub(super) fn placed_key(&self, key: &str, anchor: Option<&str>) -> String {
+        let Some(anchor) = anchor.filter(|_| !self.hash_tag) else {
+            return self.bucket_key(key);
+        };
+        let (namespace, separator) = self.head.split_at(self.head.len() - 1);
+        let mut out = String::with_capacity(self.head.len() + 72);
+        out.push_str(namespace);
+        out.push_str("{@");
+        self.key_into(&mut out, anchor);
+        out.push('}');
+        out.push_str(separator);
+        self.key_into(&mut out, key);
+        out
+    }
+
+    /// The `SCAN MATCH` pattern of every name of this namespace: the
+    /// head then anything, and the names placed by an anchor (the encoded
+    /// namespace, then `{`). The encoding leaves no glob character in the
+    /// namespace, and the separators are literal inside `[...]`.
+    pub(super) fn scan_pattern(&self) -> String {
+        if self.hash_tag {
+            return format!("{}*", self.head);
+        }
+        let (namespace, separator) = self.head.split_at(self.head.len() - 1);
+        format!("{namespace}[{separator}{{]*")
+    }
+
+    /// Appends `key` as this limiter names keys: hashed or encoded.
+    fn key_into(&self, out: &mut String, key: &str) {
         match &self.keys {
             KeyNames::Hashed(secret) => {
-                let mut out = String::with_capacity(self.head.len() + 32);
-                out.push_str(&self.head);
                 use fmt::Write;
                 let _ = write!(out, "{:032x}", secret.hash(key.as_bytes()));
-                out
             }
-            KeyNames::Encoded => {
-                let mut out = String::with_capacity(self.head.len() + key.len());
-                out.push_str(&self.head);
-                encode_into(&mut out, key.as_bytes());
-                out
-            }
+            KeyNames::Encoded => encode_into(out, key.as_bytes()),
         }
     }
 }
@@ -337,6 +373,35 @@ mod tests {
             false,
         );
         assert!(hashed.leases().bucket_key("k").starts_with("rl~#"));
+    }
+
+    #[test]
+    fn placed_names_share_the_anchor_s_slot_and_nothing_else() {
+        for keys in [KeyNames::Encoded, KeyNames::Hashed(KeySecret::random())] {
+            let names = Names::new("rl", keys, false);
+            let a = names.placed_key("{k}1", Some("org}{7"));
+            let b = names.placed_key("k2", Some("org}{7"));
+            let tag = |name: &str| {
+                let open = name.find('{').unwrap();
+                let close = open + name[open..].find('}').unwrap();
+                name[open..=close].to_owned()
+            };
+            assert_eq!(tag(&a), tag(&b));
+            assert_eq!(a.matches(['{', '}']).count(), 2, "{a}");
+            // Another anchor, another tag; no anchor, the plain name.
+            assert_ne!(tag(&a), tag(&names.placed_key("k2", Some("org7"))));
+            assert_eq!(names.placed_key("k2", None), names.bucket_key("k2"));
+            assert_ne!(b, names.bucket_key("k2"));
+            assert!(b.starts_with("rl{@"));
+        }
+        // An empty anchor still makes a non-empty tag.
+        let names = Names::new("rl", KeyNames::Encoded, false);
+        assert_eq!(names.placed_key("k", Some("")), "rl{@}|k");
+        // The namespace's own tag wins: one slot already.
+        let tagged = Names::new("rl", KeyNames::Encoded, true);
+        assert_eq!(tagged.placed_key("k", Some("a")), "{rl}|k");
+        assert_eq!(tagged.scan_pattern(), "{rl}|*");
+        assert_eq!(names.scan_pattern(), "rl[|{]*");
     }
 
     #[test]

@@ -15,8 +15,13 @@ const RESET_BATCH: usize = 1000;
 
 impl Settings {
     fn delete(&self, key: &str) -> Cmd {
+        self.delete_name(&self.bucket_key(key))
+    }
+
+    /// `DEL` of the bucket named `name` in Redis.
+    pub(super) fn delete_name(&self, name: &str) -> Cmd {
         let mut cmd = ::redis::cmd("DEL");
-        cmd.arg(self.bucket_key(key));
+        cmd.arg(name);
         cmd
     }
 
@@ -24,7 +29,7 @@ impl Settings {
         let mut cmd = ::redis::cmd("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")
-            .arg(format!("{}*", self.names.head()))
+            .arg(self.names.scan_pattern())
             .arg("COUNT")
             .arg(RESET_BATCH);
         cmd
@@ -34,11 +39,20 @@ impl Settings {
     /// forgets, whether or not the reset's answer came back (it may have
     /// run; forgetting is always safe).
     fn forget(&self, key: Option<&str>) {
-        if let Some(mirror) = &self.mirror {
-            match key {
-                Some(key) => mirror.forget(&self.bucket_key(key)),
-                None => mirror.forget_all(),
+        match key {
+            Some(key) => self.forget_name(&self.bucket_key(key)),
+            None => {
+                if let Some(mirror) = &self.mirror {
+                    mirror.forget_all();
+                }
             }
+        }
+    }
+
+    /// After a reset of the bucket named `name`: the mirror forgets it.
+    pub(super) fn forget_name(&self, name: &str) {
+        if let Some(mirror) = &self.mirror {
+            mirror.forget(name);
         }
     }
 }
@@ -68,7 +82,7 @@ fn refuse_cluster(
     }
 }
 
-fn parse<T: FromRedisValue>(value: ::redis::Value) -> Result<T, RedisLimiterError> {
+pub(super) fn parse<T: FromRedisValue>(value: ::redis::Value) -> Result<T, RedisLimiterError> {
     ::redis::from_redis_value(&value).map_err(RedisLimiterError::from)
 }
 
@@ -113,7 +127,8 @@ where
     }
 
     /// Refills every bucket of this limiter's namespace: `SCAN` for its
-    /// names ([`bucket_key_prefix`](Self::bucket_key_prefix) then `*`),
+    /// names ([`bucket_key_prefix`](Self::bucket_key_prefix) then `*`, and
+    /// the compound buckets [`placed`](Self::placed) under any anchor),
     /// 1,000 at a time, and `UNLINK` each batch; returns how many keys it
     /// removed. Calls that run meanwhile are decided before or after their
     /// key's reset. Other processes' mirrors: as for [`reset`](Self::reset).
@@ -177,7 +192,7 @@ where
     }
 
     /// One command, under the limiter's timeout.
-    async fn query(&self, cmd: &Cmd) -> Result<::redis::Value, RedisLimiterError> {
+    pub(super) async fn query(&self, cmd: &Cmd) -> Result<::redis::Value, RedisLimiterError> {
         let timeout = self.settings.timeout;
         let mut connection = self.connection.clone();
         tokio::time::timeout(timeout, cmd.query_async(&mut connection))

@@ -38,13 +38,13 @@ pub(super) struct Reply {
 }
 
 /// Splits nanoseconds into the script's `(seconds, nanoseconds)` limbs.
-fn limbs(ns: Nanos) -> (u64, u64) {
+pub(super) fn limbs(ns: Nanos) -> (u64, u64) {
     let ns = ns.as_u64();
     (ns / NANOS_PER_SEC, ns % NANOS_PER_SEC)
 }
 
 /// Joins the script's limbs into nanoseconds, if they form a `u64`.
-fn join(secs: i64, nanos: i64) -> Option<Nanos> {
+pub(super) fn join(secs: i64, nanos: i64) -> Option<Nanos> {
     let secs = u64::try_from(secs).ok()?;
     let nanos = u64::try_from(nanos).ok().filter(|&n| n < NANOS_PER_SEC)?;
     let ns = secs.checked_mul(NANOS_PER_SEC)?.checked_add(nanos)?;

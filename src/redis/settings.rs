@@ -30,6 +30,8 @@ pub(super) struct Settings {
     /// The default quota, shared by clones; `set_quota` replaces it.
     pub(super) quota: Arc<LiveQuota>,
     pub(super) script: Arc<Script>,
+    /// The compound decision script (`compound/compound.lua`).
+    pub(super) compound_script: Arc<Script>,
     /// The namespace and how keys are named in it, shared by clones.
     pub(super) names: Arc<Names>,
     /// The deadline of one call, at least [`MIN_TIMEOUT`].
@@ -43,6 +45,8 @@ pub(super) struct Settings {
     pub(super) mirror_refresh: Duration,
     /// Decision counters, shared by clones (see `stats`).
     pub(super) counters: Arc<crate::observe::Counters>,
+    /// Compound decision counters, shared by clones (see `compound_stats`).
+    pub(super) compound_counters: Arc<crate::compound::stats::CompoundCounters>,
     /// The circuit breaker, shared by clones.
     pub(super) breaker: Arc<Breaker>,
 }
@@ -52,6 +56,7 @@ impl Settings {
         Settings {
             quota: Arc::new(LiveQuota::new(quota)),
             script: Arc::new(Script::new(BUCKET_SCRIPT)),
+            compound_script: Arc::new(Script::new(super::compound::COMPOUND_SCRIPT)),
             names: Arc::new(Names::private()),
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,
@@ -62,6 +67,7 @@ impl Settings {
             ))),
             mirror_refresh: DEFAULT_MIRROR_REFRESH,
             counters: Arc::new(crate::observe::Counters::new(true)),
+            compound_counters: Arc::new(crate::compound::stats::CompoundCounters::new()),
             breaker: Arc::new(Breaker::new(
                 DEFAULT_BREAKER_FAILURES,
                 DEFAULT_BREAKER_PROBE_EVERY,

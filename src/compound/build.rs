@@ -1,0 +1,108 @@
+//! Making and configuring the in-memory compound limiter.
+
+use super::limiter::CompoundLimiter;
+use super::stats::CompoundCounters;
+use super::store::Store;
+use crate::keyed::DefaultHasher;
+use crate::time::{Clock, MonotonicClock};
+use std::hash::{BuildHasher, Hash};
+
+/// # Making a limiter
+impl CompoundLimiter<String, DefaultHasher> {
+    /// An empty limiter with `String` keys, no cap on keys, and a
+    /// [`MonotonicClock`] for [`Now`](crate::Now).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::CompoundLimiter;
+    ///
+    /// let limiter = CompoundLimiter::new();
+    /// assert!(limiter.is_empty());
+    /// ```
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_hasher(DefaultHasher::default())
+    }
+}
+
+impl Default for CompoundLimiter<String, DefaultHasher> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// # Configuration
+impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
+    /// An empty limiter whose keys are hashed by `hasher`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, DefaultHasher};
+    ///
+    /// let limiter: CompoundLimiter<u64> = CompoundLimiter::with_hasher(DefaultHasher::default());
+    /// assert_eq!(limiter.len(), 0);
+    /// ```
+    #[must_use]
+    pub fn with_hasher(hasher: S) -> Self {
+        CompoundLimiter {
+            store: Store::new(hasher),
+            clock: std::sync::Arc::new(MonotonicClock::new()),
+            counters: CompoundCounters::new(),
+        }
+    }
+
+    /// The clock read by calls at [`Now`](crate::Now).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, ManualClock, Now, Policy, Quota};
+    ///
+    /// let limiter = CompoundLimiter::new().with_clock(ManualClock::new());
+    /// let policy = Policy::from(Quota::new(1.0, 1).unwrap());
+    /// assert!(limiter.check("k", &policy, Now, 1).is_ok());
+    /// ```
+    #[must_use]
+    pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// Holds at most `max_keys` keys: a call that needs a new key when
+    /// there are that many first sweeps full buckets away (one pass over
+    /// the map), and is denied [`CompoundDenial::LimiterFull`](crate::CompoundDenial::LimiterFull) if none is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundDenial, CompoundLimiter, Policy, Quota};
+    ///
+    /// let limiter = CompoundLimiter::new().with_max_keys(1);
+    /// let policy = Policy::from(Quota::new(1.0, 1).unwrap());
+    /// assert!(limiter.check("a", &policy, 0.0, 1).is_ok());
+    /// assert_eq!(
+    ///     limiter.check("b", &policy, 0.0, 1),
+    ///     Err(CompoundDenial::LimiterFull { max_keys: 1 })
+    /// );
+    /// assert!(limiter.check("b", &policy, 1.0, 1).is_ok()); // "a" is full again
+    /// ```
+    #[must_use]
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.store.set_max_keys(max_keys);
+        self
+    }
+
+    /// The number of keys held.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.store.len()
+    }
+
+    /// Whether no key is held.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
