@@ -33,6 +33,7 @@ mod lease;
 mod limiter;
 mod mirror;
 mod names;
+mod reading;
 mod reset;
 mod script;
 mod settings;
