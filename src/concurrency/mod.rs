@@ -45,9 +45,11 @@ use std::hash::{BuildHasher, Hash};
 ///
 /// A key that holds no permit holds no memory for long: its entry is
 /// removed by the sweep (automatic, paced by the creation of new entries,
-/// or [`sweep`](Self::sweep)), so a flood of keys each taking and giving
-/// back a permit keeps a bounded number of entries (about 8,192 idle
-/// ones, plus the keys holding permits), and
+/// or [`sweep`](Self::sweep)). The automatic sweep removes only keys idle
+/// since its previous pass (a key taken at least once a pass stays), and
+/// a flood of keys each taking and giving back a permit keeps a bounded
+/// number of entries (at most 12,288 idle ones, plus the keys holding
+/// permits), and
 /// [`with_max_keys`](Self::with_max_keys) caps the entries outright.
 ///
 /// # Locking behaviour
