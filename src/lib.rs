@@ -92,7 +92,9 @@ mod time;
 mod under;
 
 pub use crate::compound::{CompoundDecision, CompoundDenial, CompoundLimiter, Policy, MAX_QUOTAS};
-pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
+pub use crate::concurrency::{
+    AsyncConcurrencyLimiter, ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit,
+};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};

@@ -233,3 +233,31 @@ where
         Ok(handle)
     }
 }
+
+/// The front end the tower layer takes. Redis has no waiting acquire yet:
+/// a call with a maximum wait is answered at once.
+impl<C, Q> crate::concurrency::AsyncConcurrencyLimiter<Q> for RedisConcurrencyLimiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    Q: AsRef<str> + Sync + ?Sized,
+{
+    type Permit = RedisPermit;
+    type Error = RedisConcurrencyDenial;
+
+    fn max(&self) -> u32 {
+        RedisConcurrencyLimiter::max(self)
+    }
+
+    fn acquire_under(
+        &self,
+        key: &Q,
+        max: u32,
+        _max_wait: std::time::Duration,
+    ) -> impl std::future::Future<Output = Result<RedisPermit, RedisConcurrencyDenial>> + Send {
+        self.try_acquire_under(key.as_ref(), max)
+    }
+
+    fn concurrency_denial(error: &RedisConcurrencyDenial) -> Option<&ConcurrencyDenial> {
+        error.denial()
+    }
+}
