@@ -81,21 +81,19 @@ where
         ConcurrencyLimiter::max(self)
     }
 
-    fn acquire_under(
+    async fn acquire_under(
         &self,
         key: &Q,
         max: u32,
         max_wait: Duration,
-    ) -> impl Future<Output = Result<Permit, ConcurrencyDenial>> + Send {
-        async move {
-            #[cfg(feature = "tokio")]
-            if !max_wait.is_zero() {
-                return ConcurrencyLimiter::acquire_under(self, key, max, max_wait).await;
-            }
-            #[cfg(not(feature = "tokio"))]
-            let _ = max_wait;
-            self.try_acquire_under(key, max)
+    ) -> Result<Permit, ConcurrencyDenial> {
+        #[cfg(feature = "tokio")]
+        if !max_wait.is_zero() {
+            return ConcurrencyLimiter::acquire_under(self, key, max, max_wait).await;
         }
+        #[cfg(not(feature = "tokio"))]
+        let _ = max_wait;
+        self.try_acquire_under(key, max)
     }
 
     fn concurrency_denial(error: &ConcurrencyDenial) -> Option<&ConcurrencyDenial> {
