@@ -190,8 +190,9 @@ impl<F, K, P, L> ConcurrencyLimitLayer<F, K, P, L> {
     /// Lets a request of a key at its limit wait up to `max_wait` for a
     /// permit (first come, first served: [`ConcurrencyLimiter::acquire`])
     /// before it is refused (feature `tokio`). By default, and with
-    /// `Duration::ZERO`, it is refused at once. Over Redis, which has no
-    /// waiting acquire yet, it is refused at once whatever the wait.
+    /// `Duration::ZERO`, it is refused at once. Over Redis the wait polls
+    /// ([`RedisConcurrencyLimiter::acquire_under`](crate::RedisConcurrencyLimiter::acquire_under)),
+    /// first come first served only among this process's requests.
     ///
     /// # Panics
     ///

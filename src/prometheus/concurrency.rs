@@ -13,8 +13,9 @@ use std::hash::{BuildHasher, Hash};
 /// |---|---|---|
 /// | `keyrate_concurrency_in_flight` | permits held, over every key | permits with a lease this process holds |
 /// | `keyrate_concurrency_acquired_total` | yes | yes (this process's) |
-/// | `keyrate_concurrency_refused_total{reason}` | `at_limit`, `limiter_full`, `timed_out`, `rate_limited` | `at_limit` |
-/// | `keyrate_concurrency_keys`, `keyrate_concurrency_waiting` | yes | no: the keys live in Redis |
+/// | `keyrate_concurrency_refused_total{reason}` | `at_limit`, `limiter_full`, `timed_out`, `rate_limited` | `at_limit`, `timed_out` |
+/// | `keyrate_concurrency_keys` | yes | no: the keys live in Redis |
+/// | `keyrate_concurrency_waiting` | yes | yes (this process's callers) |
 /// | `keyrate_concurrency_failed_total`, `keyrate_concurrency_degraded_total` | no: there is no backend | yes |
 /// | `keyrate_concurrency_release_failures_total` | no | yes |
 /// | `keyrate_concurrency_renew_rounds_total`, `keyrate_concurrency_renew_calls_total`, `keyrate_concurrency_renew_failures_total` | no | yes |
@@ -191,8 +192,17 @@ impl Series {
         self.in_flight
             .with_label_values(l)
             .set(saturate(stats.held));
+        self.waiting
+            .with_label_values(l)
+            .set(saturate(stats.waiting));
         self.acquired.with_label_values(l).inc_by(stats.acquired);
-        self.refused(name, &[("at_limit", stats.refused_at_limit)]);
+        self.refused(
+            name,
+            &[
+                ("at_limit", stats.refused_at_limit),
+                ("timed_out", stats.timed_out),
+            ],
+        );
         for (read, metric) in &self.leases {
             metric.with_label_values(l).inc_by(read(stats));
         }

@@ -23,9 +23,10 @@
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
 //! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
 //! | `keyrate_concurrency_in_flight` | gauge | (concurrency limiters: permits held now; over every key in memory, this process's leases on Redis) |
-//! | `keyrate_concurrency_keys`, `keyrate_concurrency_waiting` | gauge | (in-memory concurrency limiters: keys tracked, callers waiting) |
+//! | `keyrate_concurrency_keys` | gauge | (in-memory concurrency limiters: keys tracked) |
+//! | `keyrate_concurrency_waiting` | gauge | (concurrency limiters: callers waiting; on Redis, this process's) |
 //! | `keyrate_concurrency_acquired_total` | counter | (concurrency limiters: permits given) |
-//! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` (Redis: `at_limit`) |
+//! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` (Redis: `at_limit`, `timed_out`) |
 //! | `keyrate_concurrency_failed_total`, `keyrate_concurrency_degraded_total` | counter | (Redis concurrency limiters: acquires Redis could not decide; of those, admitted without a lease) |
 //! | `keyrate_concurrency_release_failures_total` | counter | (Redis concurrency limiters) |
 //! | `keyrate_concurrency_renew_rounds_total`, `keyrate_concurrency_renew_calls_total`, `keyrate_concurrency_renew_failures_total` | counter | (Redis concurrency limiters: lease renewals) |
@@ -50,9 +51,9 @@
 //! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
-//! arrive; a layer contributes 6 and a concurrency limiter at most 10
-//! (8 in memory, 10 on Redis). So `n` limiters, `m` layers and `c`
-//! concurrency limiters expose at most `n * (15 + top) + 6 * m + 10 * c`
+//! arrive; a layer contributes 6 and a concurrency limiter at most 12
+//! (8 in memory, 12 on Redis). So `n` limiters, `m` layers and `c`
+//! concurrency limiters expose at most `n * (15 + top) + 6 * m + 12 * c`
 //! series.
 
 use crate::keyed::TokenBucketLimiter;

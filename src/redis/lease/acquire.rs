@@ -95,19 +95,32 @@ where
         key: &str,
         max: u32,
     ) -> Result<RedisPermit, RedisConcurrencyDenial> {
-        let counters = &self.core.counters;
         let outcome = if max == 0 {
             Ok(Err(ConcurrencyDenial::AtLimit { held: 0, max }))
         } else {
             self.take(key, max).await
         };
+        self.answer(outcome)
+    }
+
+    /// Counts a call's outcome and answers it, by the failure policy when
+    /// Redis could not decide.
+    pub(super) fn answer(
+        &self,
+        outcome: Result<Result<RedisPermit, ConcurrencyDenial>, RedisLimiterError>,
+    ) -> Result<RedisPermit, RedisConcurrencyDenial> {
+        let counters = &self.core.counters;
         match outcome {
             Ok(Ok(permit)) => {
                 Counters::add(&counters.acquired, 1);
                 Ok(permit)
             }
             Ok(Err(denial)) => {
-                Counters::add(&counters.refused_at_limit, 1);
+                let counter = match denial {
+                    ConcurrencyDenial::TimedOut { .. } => &counters.timed_out,
+                    _ => &counters.refused_at_limit,
+                };
+                Counters::add(counter, 1);
                 Err(RedisConcurrencyDenial::Denied(denial))
             }
             Err(err) => {
@@ -154,7 +167,7 @@ where
     }
 
     /// One acquire: the permit or the limit's denial, or Redis's failure.
-    async fn take(
+    pub(super) async fn take(
         &self,
         key: &str,
         max: u32,
@@ -234,8 +247,8 @@ where
     }
 }
 
-/// The front end the tower layer takes. Redis has no waiting acquire yet:
-/// a call with a maximum wait is answered at once.
+/// The front end the tower layer takes: a call with a maximum wait polls
+/// ([`acquire_under`](RedisConcurrencyLimiter::acquire_under)).
 impl<C, Q> crate::concurrency::AsyncConcurrencyLimiter<Q> for RedisConcurrencyLimiter<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -252,9 +265,9 @@ where
         &self,
         key: &Q,
         max: u32,
-        _max_wait: std::time::Duration,
+        max_wait: std::time::Duration,
     ) -> impl std::future::Future<Output = Result<RedisPermit, RedisConcurrencyDenial>> + Send {
-        self.try_acquire_under(key.as_ref(), max)
+        RedisConcurrencyLimiter::acquire_under(self, key.as_ref(), max, max_wait)
     }
 
     fn concurrency_denial(error: &RedisConcurrencyDenial) -> Option<&ConcurrencyDenial> {
