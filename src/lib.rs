@@ -101,7 +101,9 @@ pub use crate::compound::{
     AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundLimiter, CompoundRefusal,
     CompoundStats, Policy, COUNTED_SCOPES, MAX_QUOTAS,
 };
-pub use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit};
+pub use crate::concurrency::{
+    AsyncConcurrencyLimiter, ConcurrencyDenial, ConcurrencyLimiter, ConcurrencyStats, Permit,
+};
 pub use crate::decision::{Decision, Refusal};
 pub use crate::error::{ConfigError, Denial};
 pub use crate::gcra::{Quota, MAX_RATE_SHORTFALL};

@@ -136,14 +136,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
             key,
             || {
                 tried = true;
-                self.sweeper.reserve().then(|| Arc::new(Slot::new()))
+                self.new_slot()
             },
             |slot| taken(slot, slot.try_take(max)),
         );
         if tried {
             // Outside the shard lock: a sweep step takes shards' write
             // locks. A creation refused at the cap paces it too.
-            self.sweeper.pace(&self.slots);
+            self.pace();
         }
         outcome.ok_or(ConcurrencyDenial::LimiterFull {
             max_keys: self.sweeper.max_keys,
@@ -170,7 +170,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
             key,
             || {
                 tried = true;
-                self.sweeper.reserve().then(|| Arc::new(Slot::new()))
+                self.new_slot()
             },
             |slot| Arc::clone(slot),
         );
@@ -183,7 +183,18 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     /// Counts a creation (or a refusal at the cap) toward the automatic
     /// sweep, and takes a step when one is due. Outside any shard lock.
     pub(super) fn pace(&self) {
-        self.sweeper.pace(&self.slots);
+        let removed = self.sweeper.pace(&self.slots);
+        self.counters.removed(removed);
+    }
+
+    /// A new slot for a key absent from the map (the caller holds its
+    /// shard's write lock), counted; `None` at the cap.
+    fn new_slot(&self) -> Option<Arc<Slot>> {
+        if !self.sweeper.reserve() {
+            return None;
+        }
+        self.counters.created();
+        Some(Arc::new(Slot::new()))
     }
 }
 

@@ -2,7 +2,8 @@
 //! requests in flight) a key may hold at once.
 //!
 //! Files: `mod.rs` (the limiter, its constructors and settings),
-//! `acquire.rs` (taking a permit, and the key's slot), `wait.rs`
+//! `acquire.rs` (taking a permit, and the key's slot), `front.rs` (the
+//! trait the tower layer takes, over this limiter and the Redis one), `wait.rs`
 //! (waiting for one, first come first served), `slot.rs` (one key's count
 //! word and queue), `permit.rs` (`Permit`), `sweep.rs` (removing idle
 //! keys, the cap), `with_rate.rs` (a permit and a token, or neither),
@@ -11,6 +12,7 @@
 
 mod acquire;
 mod denial;
+mod front;
 mod permit;
 mod slot;
 mod stats;
@@ -19,6 +21,7 @@ mod wait;
 mod with_rate;
 
 pub use self::denial::ConcurrencyDenial;
+pub use self::front::AsyncConcurrencyLimiter;
 pub use self::permit::Permit;
 pub use self::stats::ConcurrencyStats;
 #[cfg(loom)]
@@ -45,9 +48,11 @@ use std::hash::{BuildHasher, Hash};
 ///
 /// A key that holds no permit holds no memory for long: its entry is
 /// removed by the sweep (automatic, paced by the creation of new entries,
-/// or [`sweep`](Self::sweep)), so a flood of keys each taking and giving
-/// back a permit keeps a bounded number of entries (about 8,192 idle
-/// ones, plus the keys holding permits), and
+/// or [`sweep`](Self::sweep)). The automatic sweep removes only keys idle
+/// since its previous pass (a key taken at least once a pass stays), and
+/// a flood of keys each taking and giving back a permit keeps a bounded
+/// number of entries (at most 12,288 idle ones, plus the keys holding
+/// permits), and
 /// [`with_max_keys`](Self::with_max_keys) caps the entries outright.
 ///
 /// # Locking behaviour

@@ -16,8 +16,24 @@ pub(crate) const RETIRED: u64 = u64::MAX;
 /// so that it never overtakes a waiter, and a release serves the queue.
 const QUEUED: u64 = 1 << 32;
 
+/// Set by every take, cleared by the automatic sweep when it finds the
+/// slot idle: the second-chance bit. A pass of the sweep retires an idle
+/// slot only if the bit is clear, that is if no permit was taken since the
+/// previous pass cleared it (see `sweep.rs`).
+const USED: u64 = 1 << 33;
+
 /// The bits that count the permits held.
 const HELD: u64 = QUEUED - 1;
+
+/// What the automatic sweep did with a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Visit {
+    /// Permits held or callers queued, or taken since the previous pass
+    /// (its second chance, now spent): kept.
+    Kept,
+    /// Idle since the previous pass: retired, for the caller to remove.
+    Retired,
+}
 
 /// What a take on a slot found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,9 +132,11 @@ pub(crate) enum Joined {
 pub(crate) struct Slot {
     /// Bits 0-31: the permits held (`0..=u32::MAX`, never above the
     /// largest `max` a take was allowed under). Bit 32: [`QUEUED`], set
-    /// while the queue is not empty. [`RETIRED`] (final) once the sweep
-    /// removed the slot, which it does only from the word 0: no permit
-    /// held and no one queued.
+    /// while the queue is not empty. Bit 33: [`USED`], set by every take
+    /// and cleared by the automatic sweep from an idle word. [`RETIRED`]
+    /// (final) once the sweep removed the slot, which it does only from an
+    /// idle word (0, or [`USED`] for `sweep`): no permit held and no one
+    /// queued.
     word: AtomicU64,
     /// The callers waiting, first come first served. Locked only by
     /// waiters and by releases that find [`QUEUED`] set.
@@ -126,10 +144,12 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// A slot with no permit held.
+    /// A slot with no permit held, counted as used: the sweep's next
+    /// pass gives it its second chance, so that a caller that created it
+    /// to wait on it (outside the shard lock) finds it there.
     pub(crate) fn new() -> Self {
         Slot {
-            word: AtomicU64::new(0),
+            word: AtomicU64::new(USED),
             queue: Mutex::new(VecDeque::new()),
         }
     }
@@ -166,7 +186,7 @@ impl Slot {
             // `max - 1` to `max`. Relaxed on failure: we only retry.
             match self.word.compare_exchange_weak(
                 current,
-                current + 1,
+                (current + 1) | USED,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
@@ -181,8 +201,8 @@ impl Slot {
     #[inline]
     pub(crate) fn release(&self) {
         // Release pairs with the Acquire of the next take (see `try_take`).
-        // The word is neither 0 nor RETIRED here (this permit is counted),
-        // so the subtraction borrows nothing from the flag bits.
+        // The word is not RETIRED and counts this permit, so the
+        // subtraction borrows nothing from the flag bits.
         let before = self.word.fetch_sub(1, Ordering::Release);
         debug_assert!(before != RETIRED && held(before) > 0);
         if before & QUEUED != 0 {
@@ -201,7 +221,7 @@ impl Slot {
                 return Joined::Retired;
             }
             let (next, taken) = if current & QUEUED == 0 && held(current) < waiter.max {
-                (current + 1, true)
+                ((current + 1) | USED, true)
             } else {
                 (current | QUEUED, false)
             };
@@ -261,12 +281,12 @@ impl Slot {
             // grant publishes it on (see `Waiter::granted`).
             match word.compare_exchange_weak(
                 current,
-                current + 1,
+                (current + 1) | USED,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
-                    current += 1;
+                    current = (current + 1) | USED;
                     if let Some(head) = queue.pop_front() {
                         head.grant();
                     }
@@ -282,17 +302,53 @@ impl Slot {
         }
     }
 
-    /// Retires the slot if no permit is held and no one is queued; returns
-    /// whether it did. After `true`, every take and join finds
-    /// [`RETIRED`] and looks the key up again, so a caller that found this
-    /// slot before the sweep removed it never takes a permit the map no
-    /// longer counts.
+    /// Retires the slot if no permit is held and no one is queued, used
+    /// since the last visit of the automatic sweep or not; returns whether
+    /// it did. After `true`, every take and join finds [`RETIRED`] and
+    /// looks the key up again, so a caller that found this slot before the
+    /// sweep removed it never takes a permit the map no longer counts.
     pub(crate) fn try_retire(&self) -> bool {
         // Relaxed: the compare-exchange alone decides which of a racing
         // take and the retirement wins; nothing else is published.
-        self.word
+        let idle = |word| word == 0 || word == USED;
+        let mut current = self.word.load(Ordering::Relaxed);
+        while idle(current) {
+            match self.word.compare_exchange_weak(
+                current,
+                RETIRED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+        false
+    }
+
+    /// The automatic sweep's visit, by the second-chance rule: retires the
+    /// slot if it is idle and was not taken since the previous visit (its
+    /// word is 0), and else clears [`USED`] from an idle word, so that the
+    /// next visit retires it unless a take comes first. A slot holding
+    /// permits or waited for keeps its bit: it was in use during this
+    /// pass, and gets its second chance from the next one.
+    pub(crate) fn visit(&self) -> Visit {
+        // Relaxed: each compare-exchange alone decides against a racing
+        // take (which moves the word off 0 or USED, so that the exchange
+        // fails and the slot is kept); nothing else is published.
+        if self
+            .word
             .compare_exchange(0, RETIRED, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
+        {
+            return Visit::Retired;
+        }
+        // A failed clear means a take or a release came in between: the
+        // slot is then in use, and keeps its bit or gets it back.
+        let _ = self
+            .word
+            .compare_exchange(USED, 0, Ordering::Relaxed, Ordering::Relaxed);
+        Visit::Kept
     }
 }
 

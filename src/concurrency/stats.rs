@@ -12,7 +12,10 @@ const AT_LIMIT: usize = 1;
 const LIMITER_FULL: usize = 2;
 const TIMED_OUT: usize = 3;
 const RATE_LIMITED: usize = 4;
-const OUTCOMES: usize = 5;
+/// Entries created and removed (by either sweep).
+const CREATED: usize = 5;
+const REMOVED: usize = 6;
+const OUTCOMES: usize = 7;
 
 /// A [`ConcurrencyLimiter`]'s state and counters, read with
 /// [`stats`](ConcurrencyLimiter::stats).
@@ -53,6 +56,12 @@ pub struct ConcurrencyStats {
     pub timed_out: u64,
     /// Combined calls whose token was refused (`RateLimited`).
     pub rate_limited: u64,
+    /// Keys' entries created: a key's first permit (or wait), and again
+    /// each time after the sweep removed it.
+    pub keys_created: u64,
+    /// Idle keys' entries removed, by the automatic sweep or by
+    /// [`sweep`](ConcurrencyLimiter::sweep).
+    pub keys_removed: u64,
 }
 
 impl ConcurrencyStats {
@@ -103,6 +112,18 @@ impl Counters {
         self.outcomes.add(cell, 1);
     }
 
+    /// Counts an entry created.
+    pub(super) fn created(&self) {
+        self.outcomes.add(CREATED, 1);
+    }
+
+    /// Counts `n` entries removed.
+    pub(super) fn removed(&self, n: usize) {
+        if n > 0 {
+            self.outcomes.add(REMOVED, n as u64);
+        }
+    }
+
     /// Counts a waiting caller until the guard drops.
     #[cfg_attr(loom, allow(dead_code))]
     pub(super) fn waiting(&self) -> Waiting<'_> {
@@ -130,7 +151,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     /// ```
     #[must_use]
     pub fn stats(&self) -> ConcurrencyStats {
-        let [acquired, at_limit, full, timed_out, rate_limited] = self.counters.outcomes.sums();
+        let [acquired, at_limit, full, timed_out, rate_limited, created, removed] =
+            self.counters.outcomes.sums();
         let (mut in_flight, mut keys) = (0u64, 0u64);
         self.slots.retain(|_, slot| {
             in_flight += u64::from(slot.held());
@@ -147,6 +169,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
             refused_limiter_full: full,
             timed_out,
             rate_limited,
+            keys_created: created,
+            keys_removed: removed,
         }
     }
 }

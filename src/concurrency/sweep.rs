@@ -1,7 +1,7 @@
 //! Removing idle keys (those holding no permit, with no one waiting), by
 //! hand or by the automatic sweep, and the cap on keys.
 
-use super::slot::Slot;
+use super::slot::{Slot, Visit};
 use super::ConcurrencyLimiter;
 use crate::store::{Cursor, Map};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
@@ -22,14 +22,27 @@ const SWEEP_SLICE: usize = 256;
 ///
 /// A step every [`SWEEP_EVERY`] creations visits the next
 /// [`SWEEP_SLICE`] table buckets of the current shard, shard after shard.
-/// A pass over the map takes at least one step per shard (256), and one
-/// per 256 table buckets: so it spans `16 x max(256, buckets / 256)`
-/// creations, at least 4,096 and about `entries / 8` (a table holds an
-/// entry per 1 to 2 buckets). An idle entry is removed by the first pass
-/// that reaches it, so idle entries number at most two passes' creations:
-/// under a flood of keys that each take and give back a permit, about
-/// 8,192 entries (the bound `2 x max(4096, entries / 8)` holds for
-/// `entries <= 8192`), plus the keys that hold permits.
+/// A pass over the map takes one step per shard (256) while each shard's
+/// table has at most 256 buckets (up to about 57,000 entries in all), and
+/// one more per further 256 buckets: so it spans `16 x max(256, buckets /
+/// 256)` creations, 4,096 while the map is below that size
+/// (a step skipped because another is running only lengthens it).
+///
+/// The second-chance rule ([`Slot::visit`]): every take marks its slot
+/// used; a pass that finds an idle slot marked clears the mark, and one
+/// that finds it idle and unmarked removes it. So an entry is removed only
+/// if no permit was taken on it since the previous pass visited it (it was
+/// idle for a whole pass at least), and a key taken at least once between
+/// two passes is never removed, however many other keys come and go.
+///
+/// The bound: an idle entry was taken since the pass before the current
+/// one visited it, so the entries are the keys holding permits or waited
+/// for, plus at most the keys taken within the last three passes. A pass
+/// lasts 4,096 creations while the map is small, and a key taken
+/// once creates one entry, so under a flood of keys that each take and
+/// give back one permit the idle entries stay at most `3 x 4,096 =
+/// 12,288` (a pass leaves the creations of up to two passes, and the
+/// current pass adds its own); keys in steady use are kept on top.
 pub(super) struct Sweeper {
     /// Entries held when capped (else not kept), plus places reserved by
     /// creations in flight; at most `max_keys`.
@@ -80,24 +93,27 @@ impl Sweeper {
     }
 
     /// Counts a creation (or a refusal at the cap), and takes a sweep
-    /// step when one is due.
-    pub(super) fn pace<K: Hash + Eq, S: BuildHasher + Clone>(&self, slots: &Map<K, Arc<Slot>, S>) {
+    /// step when one is due; returns the entries it removed.
+    pub(super) fn pace<K: Hash + Eq, S: BuildHasher + Clone>(
+        &self,
+        slots: &Map<K, Arc<Slot>, S>,
+    ) -> usize {
         // Relaxed: the count only paces the sweep; it decides nothing.
         let count = self.created.fetch_add(1, Ordering::Relaxed) + 1;
         // Under loom SWEEP_EVERY is 1: every creation steps.
         #[allow(clippy::modulo_one)]
         let off_beat = count % SWEEP_EVERY != 0;
         if off_beat {
-            return;
+            return 0;
         }
         // A step already running serves for this one.
         let Ok(mut position) = self.position.try_lock() else {
-            return;
+            return 0;
         };
         let (shard, at) = *position;
         let mut removed = 0;
         let next = slots.retain_slice(shard, at, SWEEP_SLICE, |_, slot| {
-            let retire = slot.try_retire();
+            let retire = slot.visit() == Visit::Retired;
             removed += usize::from(retire);
             !retire
         });
@@ -107,6 +123,7 @@ impl Sweeper {
         };
         drop(position);
         self.release(removed);
+        removed
     }
 }
 
@@ -115,7 +132,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     /// Removes every idle key (holding no permit, with no caller waiting);
     /// returns how many. An idle key is indistinguishable from one never
     /// seen, so this changes no decision. The automatic sweep does the
-    /// same a slice at a time, paced by new keys.
+    /// same a slice at a time, paced by new keys, but removes only the
+    /// keys idle since its previous pass.
     ///
     /// Each idle slot is retired (its word set to a final marker, from 0
     /// only, with a compare-and-swap) before its entry is removed, so a
@@ -147,6 +165,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
             !retire
         });
         self.sweeper.release(removed);
+        self.counters.removed(removed);
         removed
     }
 }

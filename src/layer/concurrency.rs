@@ -4,13 +4,11 @@
 use super::held::{HeldPermit, PermitBody};
 use super::keys::{self, DEFAULT_MAX_KEY_LEN};
 use super::{headers, unshared, ResponseFuture};
-use crate::concurrency::{ConcurrencyDenial, ConcurrencyLimiter, Permit};
-use crate::keyed::DefaultHasher;
+use crate::concurrency::{AsyncConcurrencyLimiter, ConcurrencyLimiter};
 use crate::observe::{ResponseCounts, Responses, Status};
 use http::request::Parts;
 use http::{Request, Response};
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,7 +24,10 @@ fn default_max(_: &Parts) -> Option<u32> {
 }
 
 /// Limits how many requests of each key are in flight at once, over a
-/// [`ConcurrencyLimiter`]: a request holds one of its key's permits from
+/// [`ConcurrencyLimiter`] or a
+/// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) (any
+/// [`AsyncConcurrencyLimiter`]; over Redis, the limit is shared by every
+/// server on it): a request holds one of its key's permits from
 /// its admission until its response body has been sent to its end (or
 /// dropped), so a streamed response counts for as long as it streams.
 ///
@@ -44,6 +45,7 @@ fn default_max(_: &Parts) -> Option<u32> {
 /// | admitted | the inner service's response, its body holding the permit ([`PermitBody`]) |
 /// | the key at its limit (at once, or after [`with_max_wait`](Self::with_max_wait)) | `429 Too Many Requests` with [`X-Concurrency-Limit`](super::X_CONCURRENCY_LIMIT) (the key's limit) and [`X-Concurrency-Held`](super::X_CONCURRENCY_HELD) (its permits held), no `Retry-After`: a permit comes back when a request ends, at no time known |
 /// | the limiter at its cap of keys | `503 Service Unavailable` with `Retry-After: 1` ([`LIMITER_FULL_RETRY_AFTER`](super::LIMITER_FULL_RETRY_AFTER)) |
+/// | the backend could not decide (Redis unreachable, failure policy closed) | `503 Service Unavailable` |
 ///
 /// A refusal's body is its reason, one line of text.
 ///
@@ -77,13 +79,15 @@ fn default_max(_: &Parts) -> Option<u32> {
 /// assert_eq!(service.oneshot(request()).await.unwrap().status(), 200);
 /// # });
 /// ```
-pub struct ConcurrencyLimitLayer<F, K = String, P = DefaultMax, S = DefaultHasher> {
-    shared: Arc<Shared<F, K, P, S>>,
+pub struct ConcurrencyLimitLayer<F, K = String, P = DefaultMax, L = ConcurrencyLimiter<K>> {
+    shared: Arc<Shared<F, K, P, L>>,
 }
 
 /// What a layer and every service it made share.
-struct Shared<F, K, P, S> {
-    limiter: Arc<ConcurrencyLimiter<K, S>>,
+struct Shared<F, K, P, L> {
+    limiter: Arc<L>,
+    /// The key type the key function returns.
+    keys: PhantomData<fn() -> K>,
     key: F,
     max: P,
     /// How long a request may wait for a permit (zero: not at all).
@@ -93,7 +97,7 @@ struct Shared<F, K, P, S> {
     max_key_len: usize,
 }
 
-impl<F, K, S> ConcurrencyLimitLayer<F, K, DefaultMax, S> {
+impl<F, K, L> ConcurrencyLimitLayer<F, K, DefaultMax, L> {
     /// A layer that keys each request with `key` (`None` refuses it with
     /// 401) and holds one of its permits under the limiter's default
     /// limit, refusing at once a key at its limit.
@@ -112,13 +116,14 @@ impl<F, K, S> ConcurrencyLimitLayer<F, K, DefaultMax, S> {
     /// let _layer = ConcurrencyLimitLayer::new(streams, api_key_header);
     /// ```
     #[must_use]
-    pub fn new(limiter: Arc<ConcurrencyLimiter<K, S>>, key: F) -> Self
+    pub fn new(limiter: Arc<L>, key: F) -> Self
     where
         F: Fn(&Parts) -> Option<K>,
     {
         ConcurrencyLimitLayer {
             shared: Arc::new(Shared {
                 limiter,
+                keys: PhantomData,
                 key,
                 max: default_max,
                 max_wait: Duration::ZERO,
@@ -130,12 +135,12 @@ impl<F, K, S> ConcurrencyLimitLayer<F, K, DefaultMax, S> {
 }
 
 /// # Configuration (before the layer is cloned or used)
-impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
+impl<F, K, P, L> ConcurrencyLimitLayer<F, K, P, L> {
     /// Rebuilds the shared part with one part replaced.
     fn rebuild<P2>(
         self,
-        change: impl FnOnce(Shared<F, K, P, S>) -> Shared<F, K, P2, S>,
-    ) -> ConcurrencyLimitLayer<F, K, P2, S> {
+        change: impl FnOnce(Shared<F, K, P, L>) -> Shared<F, K, P2, L>,
+    ) -> ConcurrencyLimitLayer<F, K, P2, L> {
         ConcurrencyLimitLayer {
             shared: Arc::new(change(unshared(self.shared, "ConcurrencyLimitLayer"))),
         }
@@ -167,12 +172,13 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     /// });
     /// ```
     #[must_use]
-    pub fn with_max<P2>(self, max: P2) -> ConcurrencyLimitLayer<F, K, P2, S>
+    pub fn with_max<P2>(self, max: P2) -> ConcurrencyLimitLayer<F, K, P2, L>
     where
         P2: Fn(&Parts) -> Option<u32>,
     {
         self.rebuild(|s| Shared {
             limiter: s.limiter,
+            keys: PhantomData,
             key: s.key,
             max,
             max_wait: s.max_wait,
@@ -184,7 +190,9 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     /// Lets a request of a key at its limit wait up to `max_wait` for a
     /// permit (first come, first served: [`ConcurrencyLimiter::acquire`])
     /// before it is refused (feature `tokio`). By default, and with
-    /// `Duration::ZERO`, it is refused at once.
+    /// `Duration::ZERO`, it is refused at once. Over Redis the wait polls
+    /// ([`RedisConcurrencyLimiter::acquire_under`](crate::RedisConcurrencyLimiter::acquire_under)),
+    /// first come first served only among this process's requests.
     ///
     /// # Panics
     ///
@@ -234,7 +242,7 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
 }
 
 /// # What the layer reports
-impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
+impl<F, K, P, L> ConcurrencyLimitLayer<F, K, P, L> {
     /// The limiter the layer takes permits from.
     ///
     /// # Examples
@@ -248,7 +256,7 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     /// assert_eq!(layer.limiter().max(), 2);
     /// ```
     #[must_use]
-    pub fn limiter(&self) -> &Arc<ConcurrencyLimiter<K, S>> {
+    pub fn limiter(&self) -> &Arc<L> {
         &self.shared.limiter
     }
 
@@ -277,7 +285,7 @@ impl<F, K, P, S> ConcurrencyLimitLayer<F, K, P, S> {
     }
 }
 
-impl<F, K, P, S> Clone for ConcurrencyLimitLayer<F, K, P, S> {
+impl<F, K, P, L> Clone for ConcurrencyLimitLayer<F, K, P, L> {
     fn clone(&self) -> Self {
         ConcurrencyLimitLayer {
             shared: Arc::clone(&self.shared),
@@ -285,7 +293,7 @@ impl<F, K, P, S> Clone for ConcurrencyLimitLayer<F, K, P, S> {
     }
 }
 
-impl<F, K: Hash + Eq, P, S: BuildHasher + Clone> fmt::Debug for ConcurrencyLimitLayer<F, K, P, S> {
+impl<F, K, P, L: fmt::Debug> fmt::Debug for ConcurrencyLimitLayer<F, K, P, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitLayer")
             .field("limiter", &self.shared.limiter)
@@ -295,8 +303,8 @@ impl<F, K: Hash + Eq, P, S: BuildHasher + Clone> fmt::Debug for ConcurrencyLimit
     }
 }
 
-impl<Svc, F, K, P, S> Layer<Svc> for ConcurrencyLimitLayer<F, K, P, S> {
-    type Service = ConcurrencyLimitService<Svc, F, K, P, S>;
+impl<Svc, F, K, P, L> Layer<Svc> for ConcurrencyLimitLayer<F, K, P, L> {
+    type Service = ConcurrencyLimitService<Svc, F, K, P, L>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
         ConcurrencyLimitService {
@@ -313,13 +321,13 @@ impl<Svc, F, K, P, S> Layer<Svc> for ConcurrencyLimitLayer<F, K, P, S> {
 /// itself.
 ///
 /// Cloning it clones the inner service and one [`Arc`].
-pub struct ConcurrencyLimitService<Svc, F, K = String, P = DefaultMax, S = DefaultHasher> {
+pub struct ConcurrencyLimitService<Svc, F, K = String, P = DefaultMax, L = ConcurrencyLimiter<K>> {
     inner: Svc,
-    shared: Arc<Shared<F, K, P, S>>,
+    shared: Arc<Shared<F, K, P, L>>,
     key: PhantomData<fn() -> K>,
 }
 
-impl<Svc: Clone, F, K, P, S> Clone for ConcurrencyLimitService<Svc, F, K, P, S> {
+impl<Svc: Clone, F, K, P, L> Clone for ConcurrencyLimitService<Svc, F, K, P, L> {
     fn clone(&self) -> Self {
         ConcurrencyLimitService {
             inner: self.inner.clone(),
@@ -329,8 +337,8 @@ impl<Svc: Clone, F, K, P, S> Clone for ConcurrencyLimitService<Svc, F, K, P, S> 
     }
 }
 
-impl<Svc: fmt::Debug, F, K: Hash + Eq, P, S: BuildHasher + Clone> fmt::Debug
-    for ConcurrencyLimitService<Svc, F, K, P, S>
+impl<Svc: fmt::Debug, F, K, P, L: fmt::Debug> fmt::Debug
+    for ConcurrencyLimitService<Svc, F, K, P, L>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConcurrencyLimitService")
@@ -340,23 +348,8 @@ impl<Svc: fmt::Debug, F, K: Hash + Eq, P, S: BuildHasher + Clone> fmt::Debug
     }
 }
 
-impl<F, K, P, S> Shared<F, K, P, S>
-where
-    K: Hash + Eq + Clone,
-    S: BuildHasher + Clone,
-{
-    /// A permit of `key` under `max`: at once, or within the wait.
-    async fn permit(&self, key: &K, max: u32) -> Result<Permit, ConcurrencyDenial> {
-        #[cfg(feature = "tokio")]
-        if !self.max_wait.is_zero() {
-            return self.limiter.acquire_under(key, max, self.max_wait).await;
-        }
-        self.limiter.try_acquire_under(key, max)
-    }
-}
-
-impl<Svc, F, K, P, S, ReqBody, ResBody> Service<Request<ReqBody>>
-    for ConcurrencyLimitService<Svc, F, K, P, S>
+impl<Svc, F, K, P, L, ReqBody, ResBody> Service<Request<ReqBody>>
+    for ConcurrencyLimitService<Svc, F, K, P, L>
 where
     Svc: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     Svc::Future: Send,
@@ -364,10 +357,10 @@ where
     ResBody: Default + Send + 'static,
     F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
     P: Fn(&Parts) -> Option<u32> + Send + Sync + 'static,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    S: BuildHasher + Clone + Send + Sync + 'static,
+    K: Send + Sync + 'static,
+    L: AsyncConcurrencyLimiter<K> + Send + Sync + 'static,
 {
-    type Response = Response<PermitBody<ResBody>>;
+    type Response = Response<PermitBody<ResBody, L::Permit>>;
     type Error = Svc::Error;
     type Future = ResponseFuture<Self::Response, Svc::Error>;
 
@@ -389,7 +382,11 @@ where
                     Err(refused) => return Ok(refused),
                 };
             let max = (shared.max)(&parts).unwrap_or_else(|| shared.limiter.max());
-            match shared.permit(&key, max).await {
+            let taken = shared
+                .limiter
+                .acquire_under(&key, max, shared.max_wait)
+                .await;
+            match taken {
                 Ok(permit) => {
                     shared.responses.count(Status::Admitted);
                     let held = HeldPermit::new(permit);
@@ -397,9 +394,12 @@ where
                     let response = inner.call(Request::from_parts(parts, body)).await?;
                     Ok(response.map(|body| PermitBody::holding(body, held)))
                 }
-                Err(denial) => {
-                    let (response, status) =
-                        headers::concurrency_refused(&denial, PermitBody::refused);
+                Err(refusal) => {
+                    let (response, status) = headers::concurrency_refused(
+                        &refusal,
+                        L::concurrency_denial(&refusal),
+                        PermitBody::refused,
+                    );
                     shared.responses.count(status);
                     Ok(response)
                 }

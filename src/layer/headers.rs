@@ -121,21 +121,25 @@ pub(super) fn limiter_full(headers: &mut HeaderMap) -> (StatusCode, Status) {
 /// is counted under: `429` with [`X_CONCURRENCY_LIMIT`] and
 /// [`X_CONCURRENCY_HELD`] for a key at its limit (at once or after the
 /// wait), with no `Retry-After` (no time is known to help: a permit comes
-/// back when a request ends); `503` with `Retry-After` at the cap of keys.
+/// back when a request ends); `503` with `Retry-After` at the cap of keys;
+/// `503` alone when the backend could not decide (`denial` is `None`:
+/// Redis unreachable, under the failure policy closed).
 pub(super) fn concurrency_refused<B: Default>(
-    denial: &ConcurrencyDenial,
+    reason: &dyn std::fmt::Display,
+    denial: Option<&ConcurrencyDenial>,
     text: impl FnOnce(String) -> B,
 ) -> (Response<B>, Status) {
-    let mut response = Response::new(text(format!("{denial}\n")));
+    let mut response = Response::new(text(format!("{reason}\n")));
     let headers = response.headers_mut();
-    let (status, counted) = match *denial {
-        ConcurrencyDenial::AtLimit { held, max }
-        | ConcurrencyDenial::TimedOut { held, max, .. } => {
+    let (status, counted) = match denial {
+        None => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
+        Some(&ConcurrencyDenial::AtLimit { held, max })
+        | Some(&ConcurrencyDenial::TimedOut { held, max, .. }) => {
             headers.insert(X_CONCURRENCY_LIMIT, HeaderValue::from(max));
             headers.insert(X_CONCURRENCY_HELD, HeaderValue::from(held));
             (StatusCode::TOO_MANY_REQUESTS, Status::TooManyRequests)
         }
-        ConcurrencyDenial::LimiterFull { .. } => limiter_full(headers),
+        Some(ConcurrencyDenial::LimiterFull { .. }) => limiter_full(headers),
         // Not asked for by the layer (it spends no tokens); the server's
         // condition if it ever were.
         _ => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),

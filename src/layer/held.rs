@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The permit the [`ConcurrencyLimitLayer`](super::ConcurrencyLimitLayer)
-/// took for a request, in the request's extensions.
+/// took for a request, in the request's extensions: a [`Permit`] over the
+/// in-memory limiter, a [`RedisPermit`](crate::RedisPermit) over the Redis
+/// one (`HeldPermit<RedisPermit>`).
 ///
 /// The layer gives it back when the response body has been sent (or
 /// dropped). A handler whose work outlives the response (a WebSocket
@@ -33,11 +35,16 @@ use std::task::{Context, Poll};
 /// }
 /// # assert!(upgrade(&http::Request::new(())).is_none());
 /// ```
-#[derive(Clone)]
-pub struct HeldPermit(Arc<Mutex<Option<Permit>>>);
+pub struct HeldPermit<P = Permit>(Arc<Mutex<Option<P>>>);
 
-impl HeldPermit {
-    pub(super) fn new(permit: Permit) -> Self {
+impl<P> Clone for HeldPermit<P> {
+    fn clone(&self) -> Self {
+        HeldPermit(Arc::clone(&self.0))
+    }
+}
+
+impl<P> HeldPermit<P> {
+    pub(super) fn new(permit: P) -> Self {
         HeldPermit(Arc::new(Mutex::new(Some(permit))))
     }
 
@@ -71,7 +78,7 @@ impl HeldPermit {
     /// # });
     /// ```
     #[must_use = "the permit is given back as soon as it is dropped"]
-    pub fn take(&self) -> Option<Permit> {
+    pub fn take(&self) -> Option<P> {
         self.0.lock().take()
     }
 
@@ -99,16 +106,16 @@ impl HeldPermit {
     }
 }
 
-impl fmt::Debug for HeldPermit {
+impl<P: fmt::Debug> fmt::Debug for HeldPermit<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("HeldPermit").field(&*self.0.lock()).finish()
     }
 }
 
 /// Gives a permit back when dropped (unless a handler took it).
-struct Release(HeldPermit);
+struct Release<P>(HeldPermit<P>);
 
-impl Drop for Release {
+impl<P> Drop for Release<P> {
     fn drop(&mut self) {
         self.0.release();
     }
@@ -130,19 +137,19 @@ pin_project! {
     /// let body: PermitBody<String> = PermitBody::default(); // empty, no permit
     /// assert!(body.is_end_stream());
     /// ```
-    pub struct PermitBody<B> {
+    pub struct PermitBody<B, P = Permit> {
         #[pin]
         inner: B,
         // A refusal's text, sent before `inner` (then the default, empty).
         text: Option<Bytes>,
         // The request's permit, given back at the end or on drop.
-        release: Option<Release>,
+        release: Option<Release<P>>,
     }
 }
 
-impl<B> PermitBody<B> {
+impl<B, P> PermitBody<B, P> {
     /// `inner`, holding `held` until it ends.
-    pub(super) fn holding(inner: B, held: HeldPermit) -> Self {
+    pub(super) fn holding(inner: B, held: HeldPermit<P>) -> Self {
         PermitBody {
             inner,
             text: None,
@@ -163,7 +170,7 @@ impl<B> PermitBody<B> {
     }
 }
 
-impl<B: Default> Default for PermitBody<B> {
+impl<B: Default, P> Default for PermitBody<B, P> {
     fn default() -> Self {
         PermitBody {
             inner: B::default(),
@@ -173,7 +180,7 @@ impl<B: Default> Default for PermitBody<B> {
     }
 }
 
-impl<B> Body for PermitBody<B>
+impl<B, P> Body for PermitBody<B, P>
 where
     B: Body,
     B::Data: From<Bytes>,
@@ -216,7 +223,7 @@ where
     }
 }
 
-impl<B: fmt::Debug> fmt::Debug for PermitBody<B> {
+impl<B: fmt::Debug, P> fmt::Debug for PermitBody<B, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PermitBody")
             .field("inner", &self.inner)

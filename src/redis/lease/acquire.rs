@@ -95,19 +95,32 @@ where
         key: &str,
         max: u32,
     ) -> Result<RedisPermit, RedisConcurrencyDenial> {
-        let counters = &self.core.counters;
         let outcome = if max == 0 {
             Ok(Err(ConcurrencyDenial::AtLimit { held: 0, max }))
         } else {
             self.take(key, max).await
         };
+        self.answer(outcome)
+    }
+
+    /// Counts a call's outcome and answers it, by the failure policy when
+    /// Redis could not decide.
+    pub(super) fn answer(
+        &self,
+        outcome: Result<Result<RedisPermit, ConcurrencyDenial>, RedisLimiterError>,
+    ) -> Result<RedisPermit, RedisConcurrencyDenial> {
+        let counters = &self.core.counters;
         match outcome {
             Ok(Ok(permit)) => {
                 Counters::add(&counters.acquired, 1);
                 Ok(permit)
             }
             Ok(Err(denial)) => {
-                Counters::add(&counters.refused_at_limit, 1);
+                let counter = match denial {
+                    ConcurrencyDenial::TimedOut { .. } => &counters.timed_out,
+                    _ => &counters.refused_at_limit,
+                };
+                Counters::add(counter, 1);
                 Err(RedisConcurrencyDenial::Denied(denial))
             }
             Err(err) => {
@@ -154,7 +167,7 @@ where
     }
 
     /// One acquire: the permit or the limit's denial, or Redis's failure.
-    async fn take(
+    pub(super) async fn take(
         &self,
         key: &str,
         max: u32,
@@ -231,5 +244,33 @@ where
         })?;
         *renewer = Some(handle.clone());
         Ok(handle)
+    }
+}
+
+/// The front end the tower layer takes: a call with a maximum wait polls
+/// ([`acquire_under`](RedisConcurrencyLimiter::acquire_under)).
+impl<C, Q> crate::concurrency::AsyncConcurrencyLimiter<Q> for RedisConcurrencyLimiter<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    Q: AsRef<str> + Sync + ?Sized,
+{
+    type Permit = RedisPermit;
+    type Error = RedisConcurrencyDenial;
+
+    fn max(&self) -> u32 {
+        RedisConcurrencyLimiter::max(self)
+    }
+
+    fn acquire_under(
+        &self,
+        key: &Q,
+        max: u32,
+        max_wait: std::time::Duration,
+    ) -> impl std::future::Future<Output = Result<RedisPermit, RedisConcurrencyDenial>> + Send {
+        RedisConcurrencyLimiter::acquire_under(self, key.as_ref(), max, max_wait)
+    }
+
+    fn concurrency_denial(error: &RedisConcurrencyDenial) -> Option<&ConcurrencyDenial> {
+        error.denial()
     }
 }

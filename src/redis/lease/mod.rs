@@ -23,6 +23,7 @@ mod report;
 mod script;
 mod settings;
 mod stats;
+mod wait;
 
 pub use self::permit::{RedisConcurrencyDenial, RedisPermit};
 pub use self::stats::RedisConcurrencyStats;
@@ -120,6 +121,8 @@ struct Core {
     /// runtime shut down).
     renewer: Mutex<Option<RenewHandle>>,
     counters: Arc<Counters>,
+    /// This process's callers waiting for a key, in order.
+    queues: wait::Queues,
     /// Lease ids: 64 random bits of this core's, then a count.
     tag: u64,
     /// The next lease's number. Relaxed: only its uniqueness matters.
@@ -132,6 +135,7 @@ impl Core {
             max: AtomicU32::new(max),
             renewer: Mutex::new(None),
             counters: Arc::new(Counters::default()),
+            queues: wait::Queues::default(),
             tag: RandomState::new().build_hasher().finish(),
             next_id: AtomicU64::new(0),
         }

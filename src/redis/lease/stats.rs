@@ -28,6 +28,10 @@ pub struct RedisConcurrencyStats {
     pub acquired: u64,
     /// Calls refused because the key held its limit.
     pub refused_at_limit: u64,
+    /// Waits (`acquire`) that ended without a permit.
+    pub timed_out: u64,
+    /// This process's callers waiting for a permit now (`acquire`).
+    pub waiting: u64,
     /// Calls Redis could not decide (unreachable, timed out, a bad reply,
     /// the circuit open), answered by the failure policy.
     pub failed: u64,
@@ -60,6 +64,8 @@ pub(super) struct Counters {
     pub(super) held: AtomicU64,
     pub(super) acquired: AtomicU64,
     pub(super) refused_at_limit: AtomicU64,
+    pub(super) timed_out: AtomicU64,
+    pub(super) waiting: AtomicU64,
     pub(super) failed: AtomicU64,
     pub(super) degraded: AtomicU64,
     pub(super) released: AtomicU64,
@@ -80,6 +86,8 @@ impl Counters {
             held: self.held.load(Relaxed),
             acquired: self.acquired.load(Relaxed),
             refused_at_limit: self.refused_at_limit.load(Relaxed),
+            timed_out: self.timed_out.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
             failed: self.failed.load(Relaxed),
             degraded: self.degraded.load(Relaxed),
             released: self.released.load(Relaxed),

@@ -22,13 +22,19 @@
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender, the key's label (below) |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
 //! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
-//! | `keyrate_concurrency_in_flight` | gauge | (concurrency limiters: permits held now, over every key) |
-//! | `keyrate_concurrency_keys`, `keyrate_concurrency_waiting` | gauge | (concurrency limiters: keys tracked, callers waiting) |
+//! | `keyrate_concurrency_in_flight` | gauge | (concurrency limiters: permits held now; over every key in memory, this process's leases on Redis) |
+//! | `keyrate_concurrency_keys` | gauge | (in-memory concurrency limiters: keys tracked) |
+//! | `keyrate_concurrency_waiting` | gauge | (concurrency limiters: callers waiting; on Redis, this process's) |
 //! | `keyrate_concurrency_acquired_total` | counter | (concurrency limiters: permits given) |
-//! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` |
+//! | `keyrate_concurrency_refused_total` | counter | `reason`: `at_limit`, `limiter_full`, `timed_out`, `rate_limited` (Redis: `at_limit`, `timed_out`) |
+//! | `keyrate_concurrency_failed_total`, `keyrate_concurrency_degraded_total` | counter | (Redis concurrency limiters: acquires Redis could not decide; of those, admitted without a lease) |
+//! | `keyrate_concurrency_release_failures_total` | counter | (Redis concurrency limiters) |
+//! | `keyrate_concurrency_renew_rounds_total`, `keyrate_concurrency_renew_calls_total`, `keyrate_concurrency_renew_failures_total` | counter | (Redis concurrency limiters: lease renewals) |
+//! | `keyrate_concurrency_leases_lost_total` | counter | (Redis concurrency limiters: leases a renewal found gone) |
 //!
 //! A concurrency limiter ([`Metrics::concurrency`]) is exported with no
-//! per-key series at all: its keys are counted, never named. A compound
+//! per-key series at all: its keys are counted, never named; it exports
+//! what its backend measures ([`ConcurrencyReport`]). A compound
 //! limiter ([`Metrics::compound`]) exports `keyrate_compound_*` series:
 //! its decisions, and its denials by the `(scope, quota)` that bound them
 //! (`keyrate_compound_denied_by_bucket_total{scope="1",quota="0"}`), no
@@ -49,21 +55,25 @@
 //! A limiter contributes at most 15 series plus one per listed offender,
 //! and offenders are capped at [`with_top_offenders`](Metrics::with_top_offenders)
 //! (by default [`DEFAULT_TOP_OFFENDERS`], 10) per limiter, whatever keys
-//! arrive; a layer contributes 6 and a concurrency limiter 8. So `n`
-//! limiters, `m` layers and `c` concurrency limiters expose at most
-//! `n * (15 + top) + 6 * m + 8 * c` series.
+//! arrive; a layer contributes 6 and a concurrency limiter at most 12
+//! (8 in memory, 12 on Redis). So `n` limiters, `m` layers and `c`
+//! concurrency limiters expose at most `n * (15 + top) + 6 * m + 12 * c`
+//! series.
 
 mod compound;
 
 pub use self::compound::ObserveCompound;
 
-use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
 use crate::keyed::TokenBucketLimiter;
 use crate::observe::{KeyLabels, Offenders, Stats};
 use ::prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
+
+mod concurrency;
+
+pub use self::concurrency::{ConcurrencyReport, ObserveConcurrency};
 
 /// Offenders listed per limiter unless [`Metrics::with_top_offenders`]
 /// says otherwise.
@@ -140,23 +150,6 @@ where
 
     fn buckets(&self) -> Option<usize> {
         Some(self.len())
-    }
-}
-
-/// A concurrency limiter that [`Metrics`] can expose: its permits in
-/// flight, keys, waiters and outcomes. No key is ever read from it.
-pub trait ObserveConcurrency: Send + Sync {
-    /// The limiter's gauges and counters.
-    fn stats(&self) -> ConcurrencyStats;
-}
-
-impl<K, S> ObserveConcurrency for ConcurrencyLimiter<K, S>
-where
-    K: Hash + Eq + Send + Sync,
-    S: BuildHasher + Clone + Send + Sync,
-{
-    fn stats(&self) -> ConcurrencyStats {
-        ConcurrencyLimiter::stats(self)
     }
 }
 
@@ -290,11 +283,15 @@ impl Metrics {
     }
 
     /// Exposes a concurrency limiter under `limiter="name"`: its permits
-    /// in flight, keys and waiters (gauges), its permits given and its
-    /// refusals by reason (counters). No series names a key.
+    /// in flight (a gauge), its permits given and its refusals by reason
+    /// (counters), and what else its backend measures (see
+    /// [`ConcurrencyReport`]): an in-memory [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
+    /// its keys and waiters, a
+    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) its
+    /// failed acquires, renewals and leases lost. No series names a key.
     ///
-    /// The scrape counts the permits in flight by visiting every key (see
-    /// [`ConcurrencyLimiter::stats`]).
+    /// The scrape of an in-memory limiter counts the permits in flight by
+    /// visiting every key (see [`ConcurrencyLimiter::stats`](crate::ConcurrencyLimiter::stats)).
     ///
     /// # Examples
     ///
@@ -527,67 +524,6 @@ impl Metrics {
         let mut text = String::new();
         TextEncoder::new().encode_utf8(&registry.gather(), &mut text)?;
         Ok(text)
-    }
-}
-
-/// # The concurrency limiters' series
-impl Metrics {
-    fn encode_concurrency(&self, registry: &Registry) -> Result<(), ::prometheus::Error> {
-        let limiter = &["limiter"];
-        let gauge = |name: &str, help: &str| {
-            let metric = IntGaugeVec::new(Opts::new(name, help), limiter)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
-        };
-        let in_flight = gauge(
-            "keyrate_concurrency_in_flight",
-            "Concurrency permits held now, over every key.",
-        )?;
-        let keys = gauge(
-            "keyrate_concurrency_keys",
-            "Keys a concurrency limiter tracks now.",
-        )?;
-        let waiting = gauge(
-            "keyrate_concurrency_waiting",
-            "Callers waiting for a concurrency permit now.",
-        )?;
-        let acquired = IntCounterVec::new(
-            Opts::new(
-                "keyrate_concurrency_acquired_total",
-                "Concurrency permits given.",
-            ),
-            limiter,
-        )?;
-        registry.register(Box::new(acquired.clone()))?;
-        let refused = IntCounterVec::new(
-            Opts::new(
-                "keyrate_concurrency_refused_total",
-                "Concurrency permits refused, by reason.",
-            ),
-            &["limiter", "reason"],
-        )?;
-        registry.register(Box::new(refused.clone()))?;
-        for (name, source) in &self.concurrency {
-            let stats = source.stats();
-            let l = &[name.as_str()];
-            in_flight
-                .with_label_values(l)
-                .set(saturate(stats.in_flight));
-            keys.with_label_values(l).set(saturate(stats.keys));
-            waiting.with_label_values(l).set(saturate(stats.waiting));
-            acquired.with_label_values(l).inc_by(stats.acquired);
-            for (reason, n) in [
-                ("at_limit", stats.refused_at_limit),
-                ("limiter_full", stats.refused_limiter_full),
-                ("timed_out", stats.timed_out),
-                ("rate_limited", stats.rate_limited),
-            ] {
-                refused
-                    .with_label_values(&[name.as_str(), reason])
-                    .inc_by(n);
-            }
-        }
-        Ok(())
     }
 }
 

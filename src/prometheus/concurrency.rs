@@ -1,0 +1,228 @@
+//! The concurrency limiters' series: what each backend measures, and its
+//! encoding. No series names a key.
+
+use super::{saturate, Metrics};
+use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
+use ::prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use std::hash::{BuildHasher, Hash};
+
+/// What a concurrency limiter measures, by where its permits live:
+/// [`Metrics`] exports only the series its variant has.
+///
+/// | series | `InProcess` | `Leases` (Redis) |
+/// |---|---|---|
+/// | `keyrate_concurrency_in_flight` | permits held, over every key | permits with a lease this process holds |
+/// | `keyrate_concurrency_acquired_total` | yes | yes (this process's) |
+/// | `keyrate_concurrency_refused_total{reason}` | `at_limit`, `limiter_full`, `timed_out`, `rate_limited` | `at_limit`, `timed_out` |
+/// | `keyrate_concurrency_keys` | yes | no: the keys live in Redis |
+/// | `keyrate_concurrency_waiting` | yes | yes (this process's callers) |
+/// | `keyrate_concurrency_failed_total`, `keyrate_concurrency_degraded_total` | no: there is no backend | yes |
+/// | `keyrate_concurrency_release_failures_total` | no | yes |
+/// | `keyrate_concurrency_renew_rounds_total`, `keyrate_concurrency_renew_calls_total`, `keyrate_concurrency_renew_failures_total` | no | yes |
+/// | `keyrate_concurrency_leases_lost_total` | no | yes |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConcurrencyReport {
+    /// An in-memory [`ConcurrencyLimiter`]'s stats.
+    InProcess(ConcurrencyStats),
+    /// A [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter)'s
+    /// counts in this process.
+    #[cfg(feature = "redis")]
+    Leases(crate::RedisConcurrencyStats),
+}
+
+/// A concurrency limiter that [`Metrics`] can expose: its permits in
+/// flight and outcomes, and what else its backend measures. No key is
+/// ever read from it.
+pub trait ObserveConcurrency: Send + Sync {
+    /// The limiter's gauges and counters now.
+    fn report(&self) -> ConcurrencyReport;
+}
+
+impl<K, S> ObserveConcurrency for ConcurrencyLimiter<K, S>
+where
+    K: Hash + Eq + Send + Sync,
+    S: BuildHasher + Clone + Send + Sync,
+{
+    fn report(&self) -> ConcurrencyReport {
+        ConcurrencyReport::InProcess(self.stats())
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<C: Send + Sync> ObserveConcurrency for crate::RedisConcurrencyLimiter<C> {
+    fn report(&self) -> ConcurrencyReport {
+        ConcurrencyReport::Leases(self.stats())
+    }
+}
+
+/// The series, registered once per scrape; a series with no limiter to
+/// report it is left out of the text.
+struct Series {
+    in_flight: IntGaugeVec,
+    keys: IntGaugeVec,
+    waiting: IntGaugeVec,
+    acquired: IntCounterVec,
+    refused: IntCounterVec,
+    /// The Redis limiters' own counters, each with its reader.
+    #[cfg(feature = "redis")]
+    leases: Vec<(Read, IntCounterVec)>,
+}
+
+/// Reads one of a Redis limiter's counters.
+#[cfg(feature = "redis")]
+type Read = fn(&crate::RedisConcurrencyStats) -> u64;
+
+/// The Redis limiters' own counters: name (after `keyrate_concurrency_`,
+/// before `_total`), help, and where it is read.
+#[cfg(feature = "redis")]
+const LEASE_COUNTERS: [(&str, &str, Read); 7] = [
+    (
+        "failed",
+        "Acquires Redis could not decide, answered by the failure policy.",
+        |s| s.failed,
+    ),
+    (
+        "degraded",
+        "Of the failed acquires, those admitted without a lease (fail open).",
+        |s| s.degraded,
+    ),
+    (
+        "release_failures",
+        "Lease releases that failed (the lease expires within the lease time).",
+        |s| s.release_failures,
+    ),
+    ("renew_rounds", "Lease renewal rounds done.", |s| {
+        s.renew_rounds
+    }),
+    ("renew_calls", "Lease renewal calls sent to Redis.", |s| {
+        s.renew_calls
+    }),
+    (
+        "renew_failures",
+        "Lease renewal calls that failed (retried next round).",
+        |s| s.renew_failures,
+    ),
+    (
+        "leases_lost",
+        "Leases a renewal found gone: their permits hold no lease any more.",
+        |s| s.leases_lost,
+    ),
+];
+
+impl Series {
+    fn register(registry: &Registry) -> Result<Self, ::prometheus::Error> {
+        let limiter = &["limiter"];
+        let gauge = |name: &str, help: &str| {
+            let metric = IntGaugeVec::new(Opts::new(name, help), limiter)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, ::prometheus::Error>(metric)
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, ::prometheus::Error>(metric)
+        };
+        #[cfg(feature = "redis")]
+        let leases = LEASE_COUNTERS
+            .iter()
+            .map(|(name, help, read)| {
+                let full = format!("keyrate_concurrency_{name}_total");
+                Ok((*read, counter(&full, help, limiter)?))
+            })
+            .collect::<Result<_, ::prometheus::Error>>()?;
+        Ok(Series {
+            in_flight: gauge(
+                "keyrate_concurrency_in_flight",
+                "Concurrency permits held now (in memory: over every key; Redis: this process's leases).",
+            )?,
+            keys: gauge(
+                "keyrate_concurrency_keys",
+                "Keys a concurrency limiter tracks now.",
+            )?,
+            waiting: gauge(
+                "keyrate_concurrency_waiting",
+                "Callers waiting for a concurrency permit now.",
+            )?,
+            acquired: counter(
+                "keyrate_concurrency_acquired_total",
+                "Concurrency permits given.",
+                limiter,
+            )?,
+            refused: counter(
+                "keyrate_concurrency_refused_total",
+                "Concurrency permits refused, by reason.",
+                &["limiter", "reason"],
+            )?,
+            #[cfg(feature = "redis")]
+            leases,
+        })
+    }
+
+    fn refused(&self, name: &str, reasons: &[(&str, u64)]) {
+        for (reason, n) in reasons {
+            self.refused.with_label_values(&[name, reason]).inc_by(*n);
+        }
+    }
+
+    fn in_process(&self, name: &str, stats: &ConcurrencyStats) {
+        let l = &[name];
+        self.in_flight
+            .with_label_values(l)
+            .set(saturate(stats.in_flight));
+        self.keys.with_label_values(l).set(saturate(stats.keys));
+        self.waiting
+            .with_label_values(l)
+            .set(saturate(stats.waiting));
+        self.acquired.with_label_values(l).inc_by(stats.acquired);
+        self.refused(
+            name,
+            &[
+                ("at_limit", stats.refused_at_limit),
+                ("limiter_full", stats.refused_limiter_full),
+                ("timed_out", stats.timed_out),
+                ("rate_limited", stats.rate_limited),
+            ],
+        );
+    }
+
+    #[cfg(feature = "redis")]
+    fn leases(&self, name: &str, stats: &crate::RedisConcurrencyStats) {
+        let l = &[name];
+        self.in_flight
+            .with_label_values(l)
+            .set(saturate(stats.held));
+        self.waiting
+            .with_label_values(l)
+            .set(saturate(stats.waiting));
+        self.acquired.with_label_values(l).inc_by(stats.acquired);
+        self.refused(
+            name,
+            &[
+                ("at_limit", stats.refused_at_limit),
+                ("timed_out", stats.timed_out),
+            ],
+        );
+        for (read, metric) in &self.leases {
+            metric.with_label_values(l).inc_by(read(stats));
+        }
+    }
+}
+
+/// # The concurrency limiters' series
+impl Metrics {
+    pub(super) fn encode_concurrency(
+        &self,
+        registry: &Registry,
+    ) -> Result<(), ::prometheus::Error> {
+        let series = Series::register(registry)?;
+        for (name, source) in &self.concurrency {
+            match source.report() {
+                ConcurrencyReport::InProcess(stats) => series.in_process(name, &stats),
+                #[cfg(feature = "redis")]
+                ConcurrencyReport::Leases(stats) => series.leases(name, &stats),
+            }
+        }
+        Ok(())
+    }
+}
