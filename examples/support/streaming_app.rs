@@ -286,7 +286,8 @@ impl App {
     /// both behind the key table; with a metrics token, `GET /metrics`
     /// (Prometheus text: the connections and failed authentications'
     /// counters and top offenders by fingerprint, the streams in flight,
-    /// synthesis denials by quota, and the layers' responses by status);
+    /// synthesis denials by quota, and the layers' responses by status,
+    /// the `411` and `400` of `POST /v1/tts` under `limiter="tts_length"`);
     /// with an admin token, `GET /admin/plans` and `PUT /admin/plans/{name}`.
     pub fn router(&self) -> Router {
         let customer = |parts: &Parts| parts.extensions.get::<Customer>().cloned();
@@ -298,6 +299,7 @@ impl App {
         let plans = Arc::clone(&self.plans);
         let streams_layer = ConcurrencyLimitLayer::new(Arc::clone(&self.streams), customer_id)
             .with_max(move |parts: &Parts| Some(plans.get(&customer(parts)?.plan).streams));
+        let length_layer = DeclaredLengthLayer::new();
         let api = Router::new()
             // The streams limit first (the outer layer): a stream refused
             // for it spends no connection token.
@@ -311,7 +313,7 @@ impl App {
             // synthesis budget is charged its length.
             .route(
                 "/v1/tts",
-                post(synthesis::tts).route_layer(DeclaredLengthLayer::new()),
+                post(synthesis::tts).route_layer(length_layer.clone()),
             )
             // Authentication outermost: nothing is limited by a key
             // that is not in the table.
@@ -330,7 +332,8 @@ impl App {
                     .limiter("auth_failures", self.auth_failures.clone())
                     .concurrency("streams", self.streams.clone())
                     .layer("connections", &connect_layer)
-                    .concurrency_layer("streams", &streams_layer),
+                    .concurrency_layer("streams", &streams_layer)
+                    .length_layer("tts_length", &length_layer),
             );
             let synthesis = Arc::clone(&self.synthesis);
             let scrape = get(move || async move {
