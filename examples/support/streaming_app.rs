@@ -212,7 +212,8 @@ pub struct App {
     /// The WebSockets each customer holds open (the free plan's limit by
     /// default; each plan's per request).
     pub streams: Arc<ConcurrencyLimiter>,
-    /// Failed authentications, per client address.
+    /// Failed authentications, per client address (an IPv6 one per `/64`:
+    /// [`auth::client_key`]).
     pub auth_failures: Arc<TokenBucketLimiter>,
     /// The token every admin route needs in `X-Admin-Token`; `None`: the
     /// admin routes are off.
