@@ -1,17 +1,19 @@
 #![cfg(not(loom))]
 //! The example server read as an attacker would, past what
 //! `tests/server_security.rs` covers: a client that owns an IPv6 network
-//! does not get a fresh budget of key guesses per address. The app is
-//! called in process with the peer address a real connection would give
-//! it (loopback cannot originate from many IPv6 addresses).
+//! does not get a fresh budget of key guesses per address (the app called
+//! in process with the peer address a real connection would give it:
+//! loopback cannot originate from many IPv6 addresses), and a WebSocket
+//! flood of messages that spend no budget is closed.
 
 mod server_support;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use serde_json::json;
 use server_support::streaming_app::auth::client_key;
 use server_support::streaming_app::App;
-use server_support::{keys, LIMITS};
+use server_support::{frame, keys, send, send_text, start, Reply, LIMITS};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tower::ServiceExt;
@@ -72,4 +74,48 @@ fn client_keys_are_ipv4_addresses_and_ipv6_networks() {
     assert_eq!(client_key(v6(1, u64::MAX)), client_key(v6(1, 1)));
     assert_ne!(client_key(v6(2, 1)), client_key(v6(1, 1)));
     assert_eq!(client_key("::1".parse().unwrap()), "0:0:0:0::/64");
+}
+
+/// Messages refused without spending a budget (malformed, an unknown
+/// context, a cost above the capacity) are free work for the server: at
+/// the `max_refused`-th in a row the stream is closed with 1008. One that
+/// spends (an admitted open) starts the count again.
+#[tokio::test]
+async fn a_flood_of_refused_messages_closes_the_stream() {
+    let server = start().await;
+    let (mut socket, _) = server.connect("agent").await.unwrap();
+    let max = LIMITS.max_refused;
+    let refusals = [
+        "not json".to_owned(),
+        json!({"type": "speak", "context_id": "nope", "text": "hi"}).to_string(),
+        json!({"type": "dance"}).to_string(),
+    ];
+    for n in 0..max - 1 {
+        let text = refusals[n as usize % refusals.len()].clone();
+        let reply = frame(send_text(&mut socket, text).await);
+        assert_eq!(reply["type"], "error", "{reply}");
+    }
+    let open = json!({"type": "open", "context_id": "c"});
+    assert_eq!(
+        frame(send(&mut socket, open).await)["type"],
+        "context_opened"
+    );
+    // Above the burst's capacity: refused, charged nothing.
+    let text = "a".repeat(LIMITS.synth_burst as usize + 1);
+    let too_big = json!({"type": "speak", "context_id": "c", "text": text});
+    for _ in 0..max - 1 {
+        let reply = frame(send(&mut socket, too_big.clone()).await);
+        assert_eq!(reply["code"], "exceeds_capacity", "{reply}");
+    }
+    // The last one is answered, then the stream is closed.
+    let reply = frame(send(&mut socket, too_big).await);
+    assert_eq!(reply["code"], "exceeds_capacity", "{reply}");
+    match send_text(&mut socket, "not json".to_owned()).await {
+        Reply::Closed(code, reason) => {
+            assert_eq!(code, server_support::streaming_app::POLICY_VIOLATION);
+            assert!(reason.contains("refused"), "{reason}");
+        }
+        Reply::Frame(reply) => panic!("still answering: {reply}"),
+    }
+    assert!(server.streams_in_flight(0).await, "its permit is back");
 }

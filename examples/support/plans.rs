@@ -29,6 +29,7 @@ pub const PLAN_BOUNDS: Limits = Limits {
     org_synth_burst: 0,
     max_queue: Duration::ZERO,
     max_strikes: 0,
+    max_refused: 0,
     max_buckets: 0,
     max_streams: 1_000,
     auth_failure_rate: 0.0,

@@ -59,8 +59,10 @@
 //!
 //! Bounds: a message (and a frame) is at most [`Limits::max_message_bytes`]
 //! (64 KiB; above it the stream is closed with 1009, "message too big"), a
-//! context id at most 64 bytes (`context_id_too_long`), and a stream holds
-//! at most 8 contexts open (`too_many_contexts`).
+//! context id at most 64 bytes (`context_id_too_long`), a stream holds
+//! at most 8 contexts open (`too_many_contexts`), and
+//! [`Limits::max_refused`] (32) messages in a row refused without spending
+//! a budget close it with 1008.
 //!
 //! **Plans** (`plans.rs`). The key table puts each customer on `free` or
 //! `pro`; each plan has its own quotas for both budgets, applied per
@@ -153,6 +155,10 @@ pub struct Limits {
     pub max_queue: Duration,
     /// Denials ignored in a row before the connection is closed.
     pub max_strikes: u32,
+    /// WebSocket messages refused in a row without spending any budget
+    /// (malformed, unknown context, above capacity...) before the
+    /// connection is closed (1008).
+    pub max_refused: u32,
     /// Buckets each limiter holds at most (handles included), and keys
     /// the streams limiter tracks at most: the memory bound under a flood
     /// of new keys.
@@ -184,6 +190,7 @@ impl Default for Limits {
             org_synth_burst: 10_000,
             max_queue: Duration::from_millis(50),
             max_strikes: 5,
+            max_refused: 32,
             max_buckets: 100_000,
             max_streams: 2,
             auth_failure_rate: 0.1,

@@ -40,6 +40,7 @@ pub const LIMITS: Limits = Limits {
     org_synth_burst: 400,      // a customer's burst and a third
     max_queue: Duration::ZERO, // deny at once: the clock only moves when told
     max_strikes: 3,
+    max_refused: 8,
     max_buckets: 1000,
     max_streams: 2,         // a free customer's streams at once; pro: 20
     auth_failure_rate: 0.5, // a failed authentication every 2 s
