@@ -3,8 +3,9 @@
 //! `tests/server_security.rs` covers: a client that owns an IPv6 network
 //! does not get a fresh budget of key guesses per address (the app called
 //! in process with the peer address a real connection would give it:
-//! loopback cannot originate from many IPv6 addresses), and a WebSocket
-//! flood of messages that spend no budget is closed.
+//! loopback cannot originate from many IPv6 addresses), a WebSocket
+//! flood of messages that spend no budget is closed, and connections that
+//! never finish a request head are bounded in number and in time.
 
 mod server_support;
 
@@ -13,8 +14,12 @@ use axum::extract::ConnectInfo;
 use serde_json::json;
 use server_support::streaming_app::auth::client_key;
 use server_support::streaming_app::App;
-use server_support::{frame, keys, send, send_text, start, Reply, LIMITS};
+use server_support::streaming_app::Limits;
+use server_support::{frame, keys, send, send_text, start, start_with, Reply, LIMITS};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tower::ServiceExt;
 
@@ -118,4 +123,82 @@ async fn a_flood_of_refused_messages_closes_the_stream() {
         Reply::Frame(reply) => panic!("still answering: {reply}"),
     }
     assert!(server.streams_in_flight(0).await, "its permit is back");
+}
+
+/// The start of a request head, never finished.
+const PARTIAL_HEAD: &[u8] = b"GET /v1/tts HTTP/1.1\r\nHost: localhost\r\nX-Api-";
+
+/// A whole request, answered 401 (no key) by a server that serves it.
+const WHOLE_REQUEST: &[u8] =
+    b"GET /v1/tts HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+
+/// What the server sends on a new connection after `request`, until it
+/// closes it.
+async fn answer(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    // A reset is a close too.
+    let _ = stream.read_to_end(&mut answer).await;
+    answer
+}
+
+/// Connections that hold a request head open take the connection slots;
+/// at the cap, a new connection is closed unanswered, and a slot given
+/// back serves the next one.
+#[tokio::test]
+async fn connections_are_capped() {
+    let limits = Limits {
+        max_connections: 2,
+        ..LIMITS
+    };
+    let server = start_with(limits, None).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.addr).await.unwrap();
+        stream.write_all(PARTIAL_HEAD).await.unwrap();
+        held.push(stream);
+    }
+    // Accepted in order: the two held connections have the slots.
+    let refused = answer(server.addr, WHOLE_REQUEST).await;
+    assert!(refused.is_empty(), "{}", String::from_utf8_lossy(&refused));
+
+    drop(held.pop());
+    // The server sees the close on its own time: a bounded number of
+    // attempts, each answered or closed.
+    let mut served = None;
+    for _ in 0..500 {
+        let answer = answer(server.addr, WHOLE_REQUEST).await;
+        if !answer.is_empty() {
+            served = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let served = served.expect("a freed slot serves a new connection");
+    assert!(
+        served.starts_with(b"HTTP/1.1 401"),
+        "{}",
+        String::from_utf8_lossy(&served)
+    );
+}
+
+/// A request head that never arrives whole ends its connection after
+/// `header_timeout`, a connection that sends nothing too. Under tokio's
+/// paused clock: the server's timer and the test's hour-long guard are
+/// ordered exactly, whatever the machine's load.
+#[tokio::test(start_paused = true)]
+async fn a_head_that_never_ends_is_timed_out() {
+    let server = start().await;
+    for request in [PARTIAL_HEAD, b""] {
+        let guard = Duration::from_secs(3600);
+        let answer = tokio::time::timeout(guard, answer(server.addr, request))
+            .await
+            .expect("the server closes the connection before the guard");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.is_empty() || text.starts_with("HTTP/1.1 408"),
+            "{text}"
+        );
+    }
 }

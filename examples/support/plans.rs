@@ -37,6 +37,8 @@ pub const PLAN_BOUNDS: Limits = Limits {
     max_message_bytes: 0,
     max_context_id_bytes: 0,
     max_contexts: 0,
+    max_connections: 0,
+    header_timeout: Duration::ZERO,
 };
 
 /// One plan: the quotas of each budget.

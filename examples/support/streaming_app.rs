@@ -102,6 +102,8 @@
 pub mod auth;
 #[path = "plans.rs"]
 pub mod plans;
+#[path = "serve.rs"]
+pub mod serve;
 #[path = "synthesis.rs"]
 pub mod synthesis;
 #[path = "ws.rs"]
@@ -116,13 +118,12 @@ use keyrate::layer::{ConcurrencyLimitLayer, DeclaredLengthLayer, RateLimitLayer}
 use keyrate::prometheus::{Metrics, CONTENT_TYPE};
 use keyrate::{Clock, ConcurrencyLimiter, TokenBucketLimiter};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 pub use self::auth::{Customer, KeyTable, Token, DEMO_KEYS};
 pub use self::plans::{Plan, Plans, PLAN_BOUNDS};
+pub use self::serve::spawn;
 pub use self::synthesis::Synthesis;
 pub use self::ws::MESSAGE_TOO_BIG;
 
@@ -176,6 +177,12 @@ pub struct Limits {
     pub max_context_id_bytes: usize,
     /// Contexts open at once on one stream.
     pub max_contexts: usize,
+    /// HTTP connections open at once (WebSockets included until their
+    /// upgrade); one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// How long a request head may take to arrive whole (from when the
+    /// connection is ready for it, idle keep-alive included).
+    pub header_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -198,6 +205,8 @@ impl Default for Limits {
             max_message_bytes: 64 * 1024,
             max_context_id_bytes: 64,
             max_contexts: 8,
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -369,23 +378,6 @@ impl App {
         }
         router.with_state(self.clone())
     }
-}
-
-/// Binds `127.0.0.1:port` (0 picks a free port) and serves the app in a
-/// background task, with each connection's peer address (for the
-/// failed authentications' limit); returns the bound address.
-pub async fn spawn(app: &App, port: u16) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-    let addr = listener.local_addr()?;
-    let service = app
-        .router()
-        .into_make_service_with_connect_info::<SocketAddr>();
-    tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, service).await {
-            eprintln!("server error: {err}");
-        }
-    });
-    Ok(addr)
 }
 
 /// An error frame or body.

@@ -48,6 +48,8 @@ pub const LIMITS: Limits = Limits {
     max_message_bytes: 4096,
     max_context_id_bytes: 64,
     max_contexts: 8,
+    max_connections: 64,
+    header_timeout: Duration::from_secs(10),
 };
 
 /// The test's key table: `key customer org plan`. Most keys are their
