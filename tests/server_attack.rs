@@ -202,3 +202,19 @@ async fn a_head_that_never_ends_is_timed_out() {
         );
     }
 }
+
+/// A charged `POST /v1/tts` whose body trickles in is answered 408 after
+/// `body_timeout`, and its connection freed (paused clock, as above).
+#[tokio::test(start_paused = true)]
+async fn a_body_that_never_ends_is_timed_out() {
+    let server = start().await;
+    let request = b"POST /v1/tts HTTP/1.1\r\nHost: localhost\r\nX-API-Key: http-key\r\n\
+                    Content-Length: 10\r\nConnection: close\r\n\r\nab";
+    let guard = Duration::from_secs(3600);
+    let answer = tokio::time::timeout(guard, answer(server.addr, request))
+        .await
+        .expect("the server answers before the guard");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+}

@@ -39,6 +39,7 @@ pub const PLAN_BOUNDS: Limits = Limits {
     max_contexts: 0,
     max_connections: 0,
     header_timeout: Duration::ZERO,
+    body_timeout: Duration::ZERO,
 };
 
 /// One plan: the quotas of each budget.

@@ -183,6 +183,8 @@ pub struct Limits {
     /// How long a request head may take to arrive whole (from when the
     /// connection is ready for it, idle keep-alive included).
     pub header_timeout: Duration,
+    /// How long a `POST /v1/tts` body may take to arrive whole (408 after).
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -207,6 +209,7 @@ impl Default for Limits {
             max_contexts: 8,
             max_connections: 10_000,
             header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -50,6 +50,7 @@ pub const LIMITS: Limits = Limits {
     max_contexts: 8,
     max_connections: 64,
     header_timeout: Duration::from_secs(10),
+    body_timeout: Duration::from_secs(30),
 };
 
 /// The test's key table: `key customer org plan`. Most keys are their
