@@ -63,6 +63,19 @@ impl Plan {
             && limits.synth_burst <= bounds.synth_burst
             && limits.daily_chars <= bounds.daily_chars
             && limits.max_streams <= bounds.max_streams;
+        // From below too: a rate typed wrong (1e-10/s) would leave every
+        // customer's bucket empty for centuries. A burst must refill within
+        // a day, as the daily quota does.
+        let refills_in_a_day = |burst: u64, rate: f64| rate > 0.0 && burst as f64 / rate <= DAY;
+        if !refills_in_a_day(limits.connect_burst, limits.connect_rate)
+            || !refills_in_a_day(limits.synth_burst, limits.synth_rate)
+        {
+            return Err(
+                "quotas are bounded from below: each burst must refill within a day \
+                 (burst / rate <= 86400 s)"
+                    .to_owned(),
+            );
+        }
         if !within {
             return Err(format!(
                 "quotas are bounded: connect_rate <= {}, connect_burst <= {}, \
