@@ -169,7 +169,9 @@ impl Config {
                 "--keys" => config.keys = Some(value()?),
                 "--admin-token" => config.admin_token = Some(value()?),
                 "--key-label" => config.key_label = Some(value()?),
-                _ => return Err(format!("unknown argument {arg:?}")),
+                // The name only: a mistyped `--admin-tokn=SECRET` must
+                // not print its value.
+                _ => return Err(format!("unknown argument {name:?}")),
             }
         }
         Ok(config)

@@ -202,6 +202,64 @@ async fn lengths_that_are_not_one_number_are_refused_and_empty_bodies_pass() {
     );
 }
 
+/// The layer's refusals are counted as the other layers' are: in its
+/// `responses()`, and in Prometheus under the name it is exposed by.
+#[tokio::test]
+async fn refusals_are_counted_and_exported() {
+    let read = Arc::new(AtomicU64::new(0));
+    let layer = DeclaredLengthLayer::new();
+    let service = layer.layer(reader::<Chunks>(&read));
+    for _ in 0..3 {
+        let response = service
+            .clone()
+            .oneshot(post("k", None, chunked(2, 10)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::LENGTH_REQUIRED);
+    }
+    for length in ["ten", "+1"] {
+        let response = service
+            .clone()
+            .oneshot(post("k", Some(length), chunked(1, 1)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+    let response = service
+        .clone()
+        .oneshot(post("k", Some("20"), chunked(2, 10)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // A clone of the layer shares its counts.
+    let responses = layer.clone().responses();
+    assert_eq!(
+        (
+            responses.length_required,
+            responses.bad_request,
+            responses.admitted
+        ),
+        (3, 2, 1)
+    );
+    assert_eq!(responses.too_many_requests + responses.unauthorized, 0);
+
+    #[cfg(feature = "prometheus")]
+    {
+        let text = keyrate::prometheus::Metrics::new()
+            .length_layer("uploads", &layer)
+            .render();
+        for (status, n) in [("411", 3), ("400", 2), ("200", 1), ("429", 0)] {
+            let series = format!(
+                r#"keyrate_http_responses_total{{limiter="uploads",status="{status}"}} {n}"#
+            );
+            assert!(
+                text.lines().any(|line| line == series),
+                "{series} in\n{text}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_types_are_send_sync_and_the_error_says_what_was_wrong() {
     fn assert_send_sync<T: Send + Sync>() {}

@@ -146,6 +146,17 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    // And from below: a rate typed wrong would lock every customer out
+    // for centuries (a burst of 5 at 1e-10/s refills in 1,585 years).
+    for slow in [
+        r#"{"connect_rate":1e-10,"connect_burst":5,"synth_rate":500,"synth_burst":2000}"#,
+        r#"{"connect_rate":1,"connect_burst":5,"synth_rate":0.01,"synth_burst":2000}"#,
+    ] {
+        let response = send("PUT", "/admin/plans/pro", Some(ADMIN_TOKEN), slow)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{slow}");
+    }
     let response = send("PUT", "/admin/plans/pro", Some(ADMIN_TOKEN), plan)
         .await
         .unwrap();

@@ -233,6 +233,10 @@ async fn a_chunked_upload_is_refused_before_it_is_charged() {
         assert_eq!(status, 411, "{head}");
         assert!(!head.contains("ratelimit"), "{head}");
     }
+    // Counted as the other refusals are, by the scrape.
+    let text = server.scrape().await;
+    let series = r#"keyrate_http_responses_total{limiter="tts_length",status="411"}"#;
+    assert_eq!(sample(&text, series), Some(4.0), "{text}");
     // Declared, the same 120 bytes never fit; 100 fit once, in full.
     let (status, head) = server.raw(&declared_post("http-key", 120)).await;
     assert_eq!(status, 413, "{head}");

@@ -13,7 +13,7 @@ use keyrate::layer::{api_key_header, bearer_token, DEFAULT_MAX_KEY_LEN, X_API_KE
 use keyrate::{Denial, Now};
 use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -162,7 +162,7 @@ pub async fn authenticate(State(app): State<App>, mut request: Request, next: Ne
     let client = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |info| info.0.ip().to_string());
+        .map_or_else(|| "unknown".to_owned(), |info| client_key(info.0.ip()));
     let failures = &app.auth_failures;
     let mut charged = false;
     if failures.remaining(client.as_str(), Now) == Ok(0) {
@@ -188,6 +188,24 @@ pub async fn authenticate(State(app): State<App>, mut request: Request, next: Ne
             Err(denial) => throttled(&denial),
         },
     }
+}
+
+/// The key of a client's failed authentications: its IPv4 address, or the
+/// `/64` network of its IPv6 address. A `/64` is what one subscriber is
+/// given, so one attacker holds 2^64 addresses of it: keyed by the whole
+/// address, each would get a fresh budget of guesses. An IPv4-mapped IPv6
+/// address (a dual-stack socket's view of an IPv4 client) is its IPv4
+/// address.
+pub fn client_key(ip: IpAddr) -> String {
+    let v6 = match ip {
+        IpAddr::V4(v4) => return v4.to_string(),
+        IpAddr::V6(v6) => v6,
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return v4.to_string();
+    }
+    let [a, b, c, d, ..] = v6.segments();
+    format!("{a:x}:{b:x}:{c:x}:{d:x}::/64")
 }
 
 fn unauthorized() -> Response {

@@ -29,6 +29,7 @@ pub const PLAN_BOUNDS: Limits = Limits {
     org_synth_burst: 0,
     max_queue: Duration::ZERO,
     max_strikes: 0,
+    max_refused: 0,
     max_buckets: 0,
     max_streams: 1_000,
     auth_failure_rate: 0.0,
@@ -36,6 +37,9 @@ pub const PLAN_BOUNDS: Limits = Limits {
     max_message_bytes: 0,
     max_context_id_bytes: 0,
     max_contexts: 0,
+    max_connections: 0,
+    header_timeout: Duration::ZERO,
+    body_timeout: Duration::ZERO,
 };
 
 /// One plan: the quotas of each budget.
@@ -59,6 +63,19 @@ impl Plan {
             && limits.synth_burst <= bounds.synth_burst
             && limits.daily_chars <= bounds.daily_chars
             && limits.max_streams <= bounds.max_streams;
+        // From below too: a rate typed wrong (1e-10/s) would leave every
+        // customer's bucket empty for centuries. A burst must refill within
+        // a day, as the daily quota does.
+        let refills_in_a_day = |burst: u64, rate: f64| rate > 0.0 && burst as f64 / rate <= DAY;
+        if !refills_in_a_day(limits.connect_burst, limits.connect_rate)
+            || !refills_in_a_day(limits.synth_burst, limits.synth_rate)
+        {
+            return Err(
+                "quotas are bounded from below: each burst must refill within a day \
+                 (burst / rate <= 86400 s)"
+                    .to_owned(),
+            );
+        }
         if !within {
             return Err(format!(
                 "quotas are bounded: connect_rate <= {}, connect_burst <= {}, \

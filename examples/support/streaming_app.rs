@@ -59,8 +59,10 @@
 //!
 //! Bounds: a message (and a frame) is at most [`Limits::max_message_bytes`]
 //! (64 KiB; above it the stream is closed with 1009, "message too big"), a
-//! context id at most 64 bytes (`context_id_too_long`), and a stream holds
-//! at most 8 contexts open (`too_many_contexts`).
+//! context id at most 64 bytes (`context_id_too_long`), a stream holds
+//! at most 8 contexts open (`too_many_contexts`), and
+//! [`Limits::max_refused`] (32) messages in a row refused without spending
+//! a budget close it with 1008.
 //!
 //! **Plans** (`plans.rs`). The key table puts each customer on `free` or
 //! `pro`; each plan has its own quotas for both budgets, applied per
@@ -100,6 +102,8 @@
 pub mod auth;
 #[path = "plans.rs"]
 pub mod plans;
+#[path = "serve.rs"]
+pub mod serve;
 #[path = "synthesis.rs"]
 pub mod synthesis;
 #[path = "ws.rs"]
@@ -114,13 +118,12 @@ use keyrate::layer::{ConcurrencyLimitLayer, DeclaredLengthLayer, RateLimitLayer}
 use keyrate::prometheus::{Metrics, CONTENT_TYPE};
 use keyrate::{Clock, ConcurrencyLimiter, TokenBucketLimiter};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 pub use self::auth::{Customer, KeyTable, Token, DEMO_KEYS};
 pub use self::plans::{Plan, Plans, PLAN_BOUNDS};
+pub use self::serve::spawn;
 pub use self::synthesis::Synthesis;
 pub use self::ws::MESSAGE_TOO_BIG;
 
@@ -153,6 +156,10 @@ pub struct Limits {
     pub max_queue: Duration,
     /// Denials ignored in a row before the connection is closed.
     pub max_strikes: u32,
+    /// WebSocket messages refused in a row without spending any budget
+    /// (malformed, unknown context, above capacity...) before the
+    /// connection is closed (1008).
+    pub max_refused: u32,
     /// Buckets each limiter holds at most (handles included), and keys
     /// the streams limiter tracks at most: the memory bound under a flood
     /// of new keys.
@@ -170,6 +177,14 @@ pub struct Limits {
     pub max_context_id_bytes: usize,
     /// Contexts open at once on one stream.
     pub max_contexts: usize,
+    /// HTTP connections open at once (WebSockets included until their
+    /// upgrade); one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// How long a request head may take to arrive whole (from when the
+    /// connection is ready for it, idle keep-alive included).
+    pub header_timeout: Duration,
+    /// How long a `POST /v1/tts` body may take to arrive whole (408 after).
+    pub body_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -184,6 +199,7 @@ impl Default for Limits {
             org_synth_burst: 10_000,
             max_queue: Duration::from_millis(50),
             max_strikes: 5,
+            max_refused: 32,
             max_buckets: 100_000,
             max_streams: 2,
             auth_failure_rate: 0.1,
@@ -191,6 +207,9 @@ impl Default for Limits {
             max_message_bytes: 64 * 1024,
             max_context_id_bytes: 64,
             max_contexts: 8,
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -212,7 +231,8 @@ pub struct App {
     /// The WebSockets each customer holds open (the free plan's limit by
     /// default; each plan's per request).
     pub streams: Arc<ConcurrencyLimiter>,
-    /// Failed authentications, per client address.
+    /// Failed authentications, per client address (an IPv6 one per `/64`:
+    /// [`auth::client_key`]).
     pub auth_failures: Arc<TokenBucketLimiter>,
     /// The token every admin route needs in `X-Admin-Token`; `None`: the
     /// admin routes are off.
@@ -286,7 +306,8 @@ impl App {
     /// both behind the key table; with a metrics token, `GET /metrics`
     /// (Prometheus text: the connections and failed authentications'
     /// counters and top offenders by fingerprint, the streams in flight,
-    /// synthesis denials by quota, and the layers' responses by status);
+    /// synthesis denials by quota, and the layers' responses by status,
+    /// the `411` and `400` of `POST /v1/tts` under `limiter="tts_length"`);
     /// with an admin token, `GET /admin/plans` and `PUT /admin/plans/{name}`.
     pub fn router(&self) -> Router {
         let customer = |parts: &Parts| parts.extensions.get::<Customer>().cloned();
@@ -298,6 +319,7 @@ impl App {
         let plans = Arc::clone(&self.plans);
         let streams_layer = ConcurrencyLimitLayer::new(Arc::clone(&self.streams), customer_id)
             .with_max(move |parts: &Parts| Some(plans.get(&customer(parts)?.plan).streams));
+        let length_layer = DeclaredLengthLayer::new();
         let api = Router::new()
             // The streams limit first (the outer layer): a stream refused
             // for it spends no connection token.
@@ -311,7 +333,7 @@ impl App {
             // synthesis budget is charged its length.
             .route(
                 "/v1/tts",
-                post(synthesis::tts).route_layer(DeclaredLengthLayer::new()),
+                post(synthesis::tts).route_layer(length_layer.clone()),
             )
             // Authentication outermost: nothing is limited by a key
             // that is not in the table.
@@ -330,7 +352,8 @@ impl App {
                     .limiter("auth_failures", self.auth_failures.clone())
                     .concurrency("streams", self.streams.clone())
                     .layer("connections", &connect_layer)
-                    .concurrency_layer("streams", &streams_layer),
+                    .concurrency_layer("streams", &streams_layer)
+                    .length_layer("tts_length", &length_layer),
             );
             let synthesis = Arc::clone(&self.synthesis);
             let scrape = get(move || async move {
@@ -358,23 +381,6 @@ impl App {
         }
         router.with_state(self.clone())
     }
-}
-
-/// Binds `127.0.0.1:port` (0 picks a free port) and serves the app in a
-/// background task, with each connection's peer address (for the
-/// failed authentications' limit); returns the bound address.
-pub async fn spawn(app: &App, port: u16) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(("127.0.0.1", port)).await?;
-    let addr = listener.local_addr()?;
-    let service = app
-        .router()
-        .into_make_service_with_connect_info::<SocketAddr>();
-    tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, service).await {
-            eprintln!("server error: {err}");
-        }
-    });
-    Ok(addr)
 }
 
 /// An error frame or body.

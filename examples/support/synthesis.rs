@@ -196,9 +196,20 @@ pub async fn tts(
         Err(denial) => return refused(&denial, policy),
     };
     let limit = usize::try_from(cost).unwrap_or(usize::MAX);
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        let message = "the body is not its declared length";
-        return (StatusCode::BAD_REQUEST, Json(error("bad_request", message))).into_response();
+    // A body that trickles in holds its connection: it has
+    // `body_timeout` to arrive whole (it was charged all the same).
+    let read = tokio::time::timeout(app.limits.body_timeout, axum::body::to_bytes(body, limit));
+    let bytes = match read.await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            let message = "the body is not its declared length";
+            return (StatusCode::BAD_REQUEST, Json(error("bad_request", message))).into_response();
+        }
+        Err(_) => {
+            let message = "the body did not arrive in time";
+            let body = Json(error("request_timeout", message));
+            return (StatusCode::REQUEST_TIMEOUT, body).into_response();
+        }
     };
     let characters = String::from_utf8_lossy(&bytes).chars().count();
     let decision = charged.decision;

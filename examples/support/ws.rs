@@ -52,6 +52,7 @@ pub async fn stream(
         contexts: HashSet::new(),
         retry_at: None,
         strikes: 0,
+        refused: 0,
     };
     ws.max_message_size(max)
         .max_frame_size(max)
@@ -76,6 +77,11 @@ struct Session {
     retry_at: Option<Duration>,
     /// Denials in a row that arrived before `retry_at`.
     strikes: u32,
+    /// Messages refused in a row without spending any budget (malformed,
+    /// an unknown or existing context, an id too long, too many contexts,
+    /// a cost above the capacity): free work for the server, so at most
+    /// `max_refused` in a row before the connection is closed.
+    refused: u32,
 }
 
 /// What the session does after a message.
@@ -141,7 +147,7 @@ impl Session {
 
     async fn handle(&mut self, text: &str) -> Next {
         let Ok(request) = serde_json::from_str::<Value>(text) else {
-            return Next::Reply(error("bad_request", "expected a JSON object"));
+            return self.refuse(error("bad_request", "expected a JSON object"));
         };
         let context = request["context_id"].as_str().unwrap_or("");
         let limits = self.app.limits;
@@ -150,20 +156,20 @@ impl Session {
                 "a context_id is at most {} bytes",
                 limits.max_context_id_bytes
             );
-            return Next::Reply(error("context_id_too_long", &message));
+            return self.refuse(error("context_id_too_long", &message));
         }
         let context = context.to_owned();
         let plan = self.app.plans.get(&self.customer.plan);
         let (budget, cost, outcome) = match request["type"].as_str() {
             Some("open") if self.contexts.contains(&context) => {
-                return Next::Reply(error("context_exists", "this context is open already"));
+                return self.refuse(error("context_exists", "this context is open already"));
             }
             Some("open") if self.contexts.len() >= limits.max_contexts => {
                 let message = format!(
                     "at most {} contexts are open at once on a stream: close one first",
                     limits.max_contexts
                 );
-                return Next::Reply(error("too_many_contexts", &message));
+                return self.refuse(error("too_many_contexts", &message));
             }
             Some("open") => {
                 let decision =
@@ -198,12 +204,14 @@ impl Session {
                 ("synthesis", cost, outcome)
             }
             Some("close") if self.contexts.remove(&context) => {
+                // Free, but one per open, which was charged.
+                self.refused = 0;
                 return Next::Reply(json!({ "type": "context_closed", "context_id": context }));
             }
             Some("speak" | "close") => {
-                return Next::Reply(error("unknown_context", "open the context first"));
+                return self.refuse(error("unknown_context", "open the context first"));
             }
-            _ => return Next::Reply(error("bad_request", "type must be open, speak or close")),
+            _ => return self.refuse(error("bad_request", "type must be open, speak or close")),
         };
         self.decide(budget, &context, cost, outcome)
     }
@@ -220,9 +228,10 @@ impl Session {
             Outcome::Admitted(reply) => {
                 self.strikes = 0;
                 self.retry_at = None;
+                self.refused = 0;
                 return Next::Reply(reply);
             }
-            Outcome::Refused(reply) => return Next::Reply(with(reply)),
+            Outcome::Refused(reply) => return self.refuse(with(reply)),
             Outcome::Wait(retry_after, reply) => (retry_after, with(reply)),
         };
         let now = self.app.clock.now();
@@ -247,6 +256,26 @@ impl Session {
             return Next::Close(reply, frame);
         }
         Next::Reply(reply)
+    }
+}
+
+impl Session {
+    /// A refusal that spent no budget: the reply, and the connection
+    /// closed (1008) at the `max_refused`-th in a row. Each admitted
+    /// message buys at most `max_refused - 1` refusals, so a flood of
+    /// messages that cost nothing (each up to `max_message_bytes` of JSON
+    /// parsed) is bounded by the budgets too.
+    fn refuse(&mut self, reply: Value) -> Next {
+        self.refused = self.refused.saturating_add(1);
+        let max = self.app.limits.max_refused;
+        if self.refused < max {
+            return Next::Reply(reply);
+        }
+        let frame = CloseFrame {
+            code: POLICY_VIOLATION,
+            reason: format!("{max} messages in a row refused").into(),
+        };
+        Next::Close(reply, frame)
     }
 }
 

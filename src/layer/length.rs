@@ -4,6 +4,7 @@
 //! length (`411`) before anything is charged, and cuts off one that sends
 //! more than it declared ([`DeclaredBody`], [`BodyTooLong`]).
 
+use crate::observe::{ResponseCounts, Responses, Status};
 use bytes::Buf;
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::request::Parts;
@@ -90,7 +91,11 @@ fn declared(parts: &Parts) -> Declared {
 /// | no `Content-Length` and a body known to be empty (a plain `GET`) | the inner service, the body held to 0 bytes |
 ///
 /// Put it outside the [`RateLimitLayer`](super::RateLimitLayer) (in axum,
-/// the later `route_layer`), so that a refused request spends nothing.
+/// the later `route_layer`), so that a refused request spends nothing. Its
+/// responses are counted as the other layers' are
+/// ([`responses`](Self::responses): `length_required`, `bad_request`,
+/// `admitted` for a request passed on), and exported by
+/// [`Metrics::length_layer`](crate::prometheus::Metrics::length_layer).
 /// Over HTTP/1.1 and HTTP/2, hyper already reads no more than the declared
 /// length; the wrapper makes the rule hold for any server and body.
 ///
@@ -134,9 +139,10 @@ fn declared(parts: &Parts) -> Declared {
 /// assert!(service.clone().oneshot(post(Some(10))).await.is_err());
 /// # });
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct DeclaredLengthLayer {
-    _private: (),
+    /// Shared by the layer, every service it made and their clones.
+    responses: ResponseCounts,
 }
 
 impl DeclaredLengthLayer {
@@ -149,7 +155,37 @@ impl DeclaredLengthLayer {
     /// ```
     #[must_use]
     pub fn new() -> Self {
-        DeclaredLengthLayer { _private: () }
+        DeclaredLengthLayer::default()
+    }
+
+    /// The responses of every service this layer made, counted by status
+    /// ([`Responses`]: `length_required`, `bad_request`, and `admitted` for
+    /// the requests passed on).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::DeclaredLengthLayer;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let layer = DeclaredLengthLayer::new();
+    /// let service = layer.layer(service_fn(|_: http::Request<keyrate::layer::DeclaredBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// }));
+    /// let chunked = http::Request::post("/").header("transfer-encoding", "chunked").body(String::from("hi")).unwrap();
+    /// assert_eq!(service.oneshot(chunked).await.unwrap().status(), 411);
+    /// assert_eq!(layer.responses().length_required, 1);
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn responses(&self) -> Responses {
+        self.responses.read()
+    }
+
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn response_counts(&self) -> ResponseCounts {
+        self.responses.clone()
     }
 }
 
@@ -157,7 +193,10 @@ impl<S> Layer<S> for DeclaredLengthLayer {
     type Service = DeclaredLengthService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DeclaredLengthService { inner }
+        DeclaredLengthService {
+            inner,
+            responses: self.responses.clone(),
+        }
     }
 }
 
@@ -165,6 +204,7 @@ impl<S> Layer<S> for DeclaredLengthLayer {
 #[derive(Debug, Clone)]
 pub struct DeclaredLengthService<S> {
     inner: S,
+    responses: ResponseCounts,
 }
 
 impl<S, B, ResBody> Service<Request<B>> for DeclaredLengthService<S>
@@ -186,9 +226,16 @@ where
         let declared = match declared(&parts) {
             Declared::Length(len) => len,
             Declared::None if body.is_end_stream() => 0,
-            Declared::None | Declared::Chunked => return refuse(StatusCode::LENGTH_REQUIRED),
-            Declared::Invalid => return refuse(StatusCode::BAD_REQUEST),
+            Declared::None | Declared::Chunked => {
+                self.responses.count(Status::LengthRequired);
+                return refuse(StatusCode::LENGTH_REQUIRED);
+            }
+            Declared::Invalid => {
+                self.responses.count(Status::BadRequest);
+                return refuse(StatusCode::BAD_REQUEST);
+            }
         };
+        self.responses.count(Status::Admitted);
         let body = DeclaredBody {
             inner: body,
             declared,

@@ -4,9 +4,11 @@ use super::Striped;
 use std::fmt;
 use std::sync::Arc;
 
-/// What the rate-limit layer answered, counted by status.
+/// What a layer answered, counted by status.
 ///
-/// Read with [`RateLimitLayer::responses`](crate::RateLimitLayer::responses);
+/// Read with [`RateLimitLayer::responses`](crate::RateLimitLayer::responses),
+/// [`ConcurrencyLimitLayer::responses`](crate::layer::ConcurrencyLimitLayer::responses)
+/// or [`DeclaredLengthLayer::responses`](crate::layer::DeclaredLengthLayer::responses);
 /// the counts are shared by the layer, every service it made and their
 /// clones, and only grow.
 ///
@@ -50,6 +52,14 @@ pub struct Responses {
     /// layer's bound (see
     /// [`RateLimitLayer::with_max_key_len`](crate::RateLimitLayer::with_max_key_len)).
     pub key_too_large: u64,
+    /// `411 Length Required`: a body that declares no length, refused by
+    /// a [`DeclaredLengthLayer`](crate::layer::DeclaredLengthLayer) (the
+    /// other layers never answer it).
+    pub length_required: u64,
+    /// `400 Bad Request`: a body whose declared length is invalid (several
+    /// `Content-Length` fields, or one that is not a number), refused by a
+    /// [`DeclaredLengthLayer`](crate::layer::DeclaredLengthLayer).
+    pub bad_request: u64,
 }
 
 /// The statuses counted, in `Responses`' field order.
@@ -61,11 +71,13 @@ pub(crate) enum Status {
     TooManyRequests,
     Unavailable,
     KeyTooLarge,
+    LengthRequired,
+    BadRequest,
 }
 
 /// Striped counters of a layer's responses.
 #[derive(Clone)]
-pub(crate) struct ResponseCounts(Arc<Striped<6>>);
+pub(crate) struct ResponseCounts(Arc<Striped<8>>);
 
 impl ResponseCounts {
     pub(crate) fn new() -> Self {
@@ -78,7 +90,7 @@ impl ResponseCounts {
     }
 
     pub(crate) fn read(&self) -> Responses {
-        let [admitted, unauthorized, payload_too_large, too_many_requests, unavailable, key_too_large] =
+        let [admitted, unauthorized, payload_too_large, too_many_requests, unavailable, key_too_large, length_required, bad_request] =
             self.0.sums();
         Responses {
             admitted,
@@ -87,7 +99,15 @@ impl ResponseCounts {
             too_many_requests,
             unavailable,
             key_too_large,
+            length_required,
+            bad_request,
         }
+    }
+}
+
+impl Default for ResponseCounts {
+    fn default() -> Self {
+        ResponseCounts::new()
     }
 }
 

@@ -21,7 +21,7 @@
 //! | `keyrate_buckets` | gauge | (in-memory limiters) |
 //! | `keyrate_offender_denials` | gauge | `key`: one series per top offender, the key's label (below) |
 //! | `keyrate_offenders_max_error`, `keyrate_offenders_window_denials` | gauge | |
-//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `401`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
+//! | `keyrate_http_responses_total` | counter | `status`: `200` (admitted), `400`, `401`, `411`, `413`, `429`, `431`, `503`; `limiter` is the layer's name |
 //! | `keyrate_concurrency_in_flight` | gauge | (concurrency limiters: permits held now; over every key in memory, this process's leases on Redis) |
 //! | `keyrate_concurrency_keys` | gauge | (in-memory concurrency limiters: keys tracked) |
 //! | `keyrate_concurrency_waiting` | gauge | (concurrency limiters: callers waiting; on Redis, this process's) |
@@ -154,7 +154,7 @@ where
 }
 
 /// A reader of a layer's responses.
-type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 6] + Send + Sync>;
+type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 8] + Send + Sync>;
 
 /// The limiters and layers to expose, and how many offenders to list.
 ///
@@ -365,6 +365,28 @@ impl Metrics {
         self.responses(name, layer.response_counts())
     }
 
+    /// Exposes a [`DeclaredLengthLayer`](crate::layer::DeclaredLengthLayer)'s
+    /// responses by status under `limiter="name"`: its refusals (`411`,
+    /// `400`) and the requests it passed on (`200`). Give it a name of its
+    /// own: under a rate layer's name, the requests both passed on would
+    /// be counted twice.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::layer::DeclaredLengthLayer;
+    /// use keyrate::prometheus::Metrics;
+    ///
+    /// let layer = DeclaredLengthLayer::new();
+    /// let metrics = Metrics::new().length_layer("uploads", &layer);
+    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="uploads",status="411"} 0"#));
+    /// ```
+    #[cfg(feature = "tower")]
+    #[must_use]
+    pub fn length_layer(self, name: &str, layer: &crate::layer::DeclaredLengthLayer) -> Self {
+        self.responses(name, layer.response_counts())
+    }
+
     /// Exposes a layer's response counts under `limiter="name"`.
     #[cfg(feature = "tower")]
     fn responses(mut self, name: &str, counts: crate::observe::ResponseCounts) -> Self {
@@ -372,7 +394,9 @@ impl Metrics {
             let r = counts.read();
             [
                 ("200", r.admitted),
+                ("400", r.bad_request),
                 ("401", r.unauthorized),
+                ("411", r.length_required),
                 ("413", r.payload_too_large),
                 ("429", r.too_many_requests),
                 ("431", r.key_too_large),
@@ -504,7 +528,7 @@ impl Metrics {
         if !self.layers.is_empty() {
             let responses = counter(
                 "keyrate_http_responses_total",
-                "Responses of the rate-limit layer, by status (200: passed on).",
+                "Responses of the layers, by status (200: passed on).",
                 &["limiter", "status"],
             )?;
             for (name, read) in &self.layers {

@@ -3,6 +3,7 @@
 
 use super::breaker::answered;
 use super::call::Outcome;
+use super::deadline::{Bounded, Deadline};
 use super::error::{RedisDenial, RedisLimiterError};
 use super::settings::Settings;
 use super::{RedisErrorKind, RedisLimiter};
@@ -13,7 +14,7 @@ use crate::time::At;
 use ::redis::{Client, Connection};
 use parking_lot::Mutex;
 use std::fmt;
-use std::time::Duration;
+use std::time::Instant;
 
 /// [`RedisLimiter`] without async: the same decisions, the same script and
 /// the same settings, over one plain connection; its calls are
@@ -22,9 +23,16 @@ use std::time::Duration;
 /// Calls on one limiter take turns on its connection; give each thread its
 /// own limiter (they share the buckets through Redis) for parallel calls.
 /// After a connection error or a timeout the connection is dropped, and the
-/// next call opens a new one: reconnection is automatic. The timeout bounds
-/// each socket read and write, so one call waits at most about twice the
-/// timeout.
+/// next call opens a new one: reconnection is automatic. The timeout is one
+/// deadline per call: the wait for the connection (another thread's call on
+/// it), the connect and each command of the call share it, every socket
+/// operation getting the time left, and a call with none left fails with
+/// [`RedisErrorKind::Timeout`]. (redis-rs reads one reply in as many socket
+/// reads as it takes, each with the time left when the command was sent: a
+/// server that trickles a reply byte by byte can stretch a call past it,
+/// and a host name that resolves to several addresses gives each address
+/// the time left.) While the circuit breaker is open, calls fail at once,
+/// as the async limiter's do.
 ///
 /// # Examples
 ///
@@ -47,12 +55,13 @@ use std::time::Duration;
 pub type BlockingRedisLimiter = RedisLimiter<BlockingConnection>;
 
 /// The blocking limiter's connection: opened on first use and after a
-/// failure, with the limiter's timeout on every socket operation.
+/// failure; each call sets its socket timeouts to the time left of the
+/// call's deadline.
 pub struct BlockingConnection {
     client: Client,
-    /// The open connection and the timeout it was opened with; `None`
-    /// after a failure, until the next call reconnects.
-    open: Mutex<Option<(Connection, Duration)>>,
+    /// The open connection; `None` after a failure, until the next call
+    /// reconnects.
+    open: Mutex<Option<Connection>>,
 }
 
 impl fmt::Debug for BlockingConnection {
@@ -89,7 +98,8 @@ impl RedisLimiter<BlockingConnection> {
                 open: Mutex::new(None),
             },
         };
-        let first = limiter.open()?;
+        let deadline = Deadline::starting(Instant::now(), limiter.settings.timeout);
+        let first = limiter.open(deadline)?;
         *limiter.connection.open.lock() = Some(first);
         Ok(limiter)
     }
@@ -108,7 +118,7 @@ impl RedisLimiter<BlockingConnection> {
         let answer = self.run(|connection| {
             invocation
                 .invoke(connection)
-                .map_err(RedisLimiterError::from)
+                .map_err(|err| self.failed(err))
         });
         breaker.record(pass, answered(&answer), breaker.now());
         self.settings.finish(&call, answer)
@@ -119,7 +129,7 @@ impl RedisLimiter<BlockingConnection> {
         &self,
         cmd: &::redis::Cmd,
     ) -> Result<::redis::Value, RedisLimiterError> {
-        self.run(|connection| cmd.query(connection).map_err(RedisLimiterError::from))
+        self.run(|connection| cmd.query(connection).map_err(|err| self.failed(err)))
     }
 
     /// `CLUSTER INFO`'s answer, to tell a cluster node from a standalone
@@ -146,25 +156,30 @@ impl RedisLimiter<BlockingConnection> {
     }
 
     /// Runs `f` on the open connection, opening one first if there is
-    /// none (or it was opened under another timeout); drops it after a
-    /// failure that may have left it broken or holding a late answer.
+    /// none, all under one deadline of the limiter's timeout (see
+    /// [`Bounded`]); drops the connection after a failure that may have
+    /// left it broken or holding a late answer.
     pub(super) fn run<T>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, RedisLimiterError>,
+        f: impl FnOnce(&mut Bounded<'_>) -> Result<T, RedisLimiterError>,
     ) -> Result<T, RedisLimiterError> {
-        let mut slot = self.connection.open.lock();
-        // A connection opened under another timeout is replaced.
-        if slot
-            .as_ref()
-            .is_some_and(|(_, timeout)| *timeout != self.settings.timeout)
-        {
-            *slot = None;
-        }
+        let timeout = self.settings.timeout;
+        let deadline = Deadline::starting(Instant::now(), timeout);
+        // Another thread's call holds the connection for at most its own
+        // deadline, which ends before this one's.
+        let Some(mut slot) = self.connection.open.try_lock_until(deadline.at()) else {
+            return Err(RedisLimiterError::timeout_waiting(timeout));
+        };
         let answer = match &mut *slot {
             Some(open) => Ok(open),
-            None => self.open().map(|open| slot.insert(open)),
+            None => self.open(deadline).map(|open| slot.insert(open)),
         }
-        .and_then(|(connection, _)| f(connection));
+        .and_then(|connection| {
+            f(&mut Bounded {
+                connection,
+                deadline,
+            })
+        });
         // After a socket error or a timeout the connection may be broken or
         // hold a late answer: start afresh next time.
         if answer
@@ -176,15 +191,23 @@ impl RedisLimiter<BlockingConnection> {
         answer
     }
 
-    fn open(&self) -> Result<(Connection, Duration), RedisLimiterError> {
-        let timeout = self.settings.timeout;
-        let connection = self
-            .connection
-            .client
-            .get_connection_with_timeout(timeout)?;
-        connection.set_read_timeout(Some(timeout))?;
-        connection.set_write_timeout(Some(timeout))?;
-        Ok((connection, timeout))
+    /// A new connection, its connect and handshake bounded by the time left
+    /// of `deadline`.
+    fn open(&self, deadline: Deadline) -> Result<Connection, RedisLimiterError> {
+        deadline
+            .left_or_timeout(Instant::now())
+            .and_then(|left| self.connection.client.get_connection_with_timeout(left))
+            .map_err(|err| self.failed(err))
+    }
+
+    /// A round trip's failure; a socket's timeout or the deadline's is said
+    /// as the async limiter's: the deadline it missed.
+    fn failed(&self, err: ::redis::RedisError) -> RedisLimiterError {
+        if err.is_timeout() {
+            RedisLimiterError::timeout(self.settings.timeout)
+        } else {
+            RedisLimiterError::from(err)
+        }
     }
 }
 

@@ -222,13 +222,14 @@ impl RedisLimiterError {
         }
     }
 
-    /// A call that waited for the calls in flight on its key until its
-    /// deadline, and had no time left for a round trip of its own.
+    /// A call that waited for the calls ahead of it (in flight on its key,
+    /// or on the blocking limiter's connection) until its deadline, and had
+    /// no time left for a round trip of its own.
     pub(super) fn timeout_waiting(after: Duration) -> Self {
         RedisLimiterError {
             kind: RedisErrorKind::Timeout,
             message: format!(
-                "no answer from Redis within {after:?} (spent waiting for the calls in flight on the key)"
+                "no answer from Redis within {after:?} (spent waiting for the calls ahead of it)"
             ),
             source: None,
             circuit_open: false,

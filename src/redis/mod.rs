@@ -17,7 +17,7 @@
 //! (connecting and configuring), `script.rs` (the script's arguments and
 //! reply), `call.rs` (the I/O-free core: prepare a call, finish it from the
 //! reply), `limiter.rs` and `blocking.rs` (the async and blocking front
-//! ends), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
+//! ends; `deadline.rs`, the blocking calls' one deadline), `mirror.rs` (the local deny mirror), `names.rs` (the Redis
 //! name of a bucket), `breaker.rs` (the circuit breaker), `reset.rs`
 //! (resets), `error.rs`; `compound/` holds the compound calls (several
 //! quotas and keys, all or nothing, in one script call); `lease/`, the concurrency limiter whose permits
@@ -28,6 +28,7 @@ mod breaker;
 mod builder;
 mod call;
 mod compound;
+mod deadline;
 mod error;
 mod lease;
 mod limiter;

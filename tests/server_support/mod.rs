@@ -40,6 +40,7 @@ pub const LIMITS: Limits = Limits {
     org_synth_burst: 400,      // a customer's burst and a third
     max_queue: Duration::ZERO, // deny at once: the clock only moves when told
     max_strikes: 3,
+    max_refused: 8,
     max_buckets: 1000,
     max_streams: 2,         // a free customer's streams at once; pro: 20
     auth_failure_rate: 0.5, // a failed authentication every 2 s
@@ -47,6 +48,9 @@ pub const LIMITS: Limits = Limits {
     max_message_bytes: 4096,
     max_context_id_bytes: 64,
     max_contexts: 8,
+    max_connections: 64,
+    header_timeout: Duration::from_secs(10),
+    body_timeout: Duration::from_secs(30),
 };
 
 /// The test's key table: `key customer org plan`. Most keys are their
