@@ -465,6 +465,7 @@ fn sweep_steps_racing_calls_change_no_decision() {
     const FLOOD: u64 = 150_000;
     const WINDOW: u64 = 64;
     const STEP_US: u64 = 7;
+    const GAVE_UP: u64 = u64::MAX;
     let limiter = Arc::new(TokenBucketLimiter::new(100.0, 4)); // a token per 10 ms
     let quiet = TokenBucketLimiter::new(100.0, 4).with_auto_sweep(false);
     // The caller's calls made so far (its clock: call `j` is stamped
@@ -489,12 +490,25 @@ fn sweep_steps_racing_calls_change_no_decision() {
                     std::thread::yield_now();
                     made = called.load(Relaxed);
                 }
+                if made == GAVE_UP {
+                    return;
+                }
                 let now = ((made - 1) * STEP_US) as f64 / 1e6;
                 assert!(limiter.allow(api_key((1 << 40) + i).as_str(), now));
                 flooded.store(i + 1, Relaxed);
             }
         })
     };
+    // If the caller fails, the flood stops instead of waiting for it.
+    struct GiveUp(Arc<AtomicU64>);
+    impl Drop for GiveUp {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.store(GAVE_UP, Relaxed);
+            }
+        }
+    }
+    let _give_up = GiveUp(Arc::clone(&called));
     let mut admitted = 0;
     for j in 0..CALLS {
         // Call `j` waits for the flood's key `j - WINDOW` (or for the
