@@ -147,57 +147,6 @@ fn the_same_new_key_twice_under_a_cap_of_one() {
     });
 }
 
-/// A broken reservation: read the held count, compare with the cap, then
-/// add, instead of one `fetch_add` whose result decides. Two creations can
-/// both read the count below the cap and both take the last place.
-struct CheckThenAdd {
-    held: loom::sync::atomic::AtomicUsize,
-    max_buckets: usize,
-}
-
-impl CheckThenAdd {
-    fn reserve(&self) -> bool {
-        // SeqCst: the strongest ordering, so that the bug loom finds is
-        // the split check-then-add, not a weak ordering.
-        use loom::sync::atomic::Ordering::SeqCst;
-        // BROKEN: the check and the add are two steps.
-        if self.held.load(SeqCst) >= self.max_buckets {
-            return false;
-        }
-        self.held.fetch_add(1, SeqCst);
-        true
-    }
-}
-
-#[test]
-#[should_panic(expected = "the cap was exceeded")]
-fn broken_check_then_add_exceeds_the_cap() {
-    model(
-        "5 broken: check-then-add reservation, 2 threads, max 1",
-        || {
-            let cap = Arc::new(CheckThenAdd {
-                held: loom::sync::atomic::AtomicUsize::new(0),
-                max_buckets: 1,
-            });
-            let threads: Vec<_> = (0..2)
-                .map(|_| {
-                    let cap = Arc::clone(&cap);
-                    loom::thread::spawn(move || cap.reserve())
-                })
-                .collect();
-            let reserved = threads
-                .into_iter()
-                .map(|thread| thread.join().expect("a reserver panicked"))
-                .filter(|&reserved| reserved)
-                .count();
-            assert!(
-                reserved <= cap.max_buckets,
-                "the cap was exceeded: {reserved} places"
-            );
-        },
-    );
-}
-
 /// `two_new_keys_race_for_the_last_place` on the real limiter with its
 /// reservation broken (`Flaw::ReserveCheckThenAdd`): a load, a comparison
 /// with the cap, then an add.

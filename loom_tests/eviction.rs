@@ -20,7 +20,6 @@
 use crate::support::{model, quota, SEC};
 use keyrate::loom_api::{self, Bucket, SpendError};
 use keyrate::TokenBucketLimiter;
-use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 
 /// The bucket-level protocol on its own, with no lock around it (as
@@ -59,45 +58,19 @@ fn check_retire_race(bucket: Arc<Bucket>) {
     }
 }
 
-/// The broken twin of the bucket-level model: the retirement reads the
-/// word, decides the bucket is full, and stores `RETIRED` with no
+/// The broken twin of the bucket-level model, on the real bucket with its
+/// retirement broken (`Flaw::RetireByBlindStore`): it reads the word,
+/// decides the bucket is full, and stores `RETIRED` with no
 /// compare-and-swap, over whatever a spend installed in between.
 #[test]
 #[should_panic(expected = "an admitted spend was swallowed")]
 fn broken_retire_by_store_swallows_a_spend() {
-    model("4 broken: retire by load-then-store vs spend", || {
-        let quota = quota(1.0, 2);
-        let now = SEC;
-        let word = Arc::new(AtomicU64::new(SEC));
-        let spender = {
-            let word = Arc::clone(&word);
-            // The real spend protocol: decide, then compare-and-swap. SeqCst
-            // throughout this twin: the bug loom must find is the blind
-            // store below, not a weak ordering.
-            loom::thread::spawn(move || loop {
-                let current = word.load(Ordering::SeqCst);
-                if current == loom_api::RETIRED {
-                    return Err(SpendError::Retired);
-                }
-                let next = loom_api::decide(current, now, 1, &quota).map_err(SpendError::Denied)?;
-                if word
-                    .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-                {
-                    return Ok(next);
-                }
-            })
-        };
-        // BROKEN: check, then a blind store.
-        let retired = loom_api::is_full(word.load(Ordering::SeqCst), now);
-        if retired {
-            word.store(loom_api::RETIRED, Ordering::SeqCst);
-        }
-        let spent = spender.join().expect("the spender panicked");
-        let swallowed = spent.is_ok() && word.load(Ordering::SeqCst) == loom_api::RETIRED;
-        assert!(
-            !swallowed,
-            "an admitted spend was swallowed: spend {spent:?}, retired {retired}"
+    loom_api::with_flaw(loom_api::Flaw::RetireByBlindStore, || {
+        model(
+            "4 broken: real bucket, retire by a blind store vs spend",
+            || {
+                check_retire_race(Arc::new(Bucket::with_word(SEC)));
+            },
         );
     });
 }

@@ -9,9 +9,8 @@
 //! revives a retired bucket, and a retirement only takes a full one.
 
 use crate::support::{model, quota, SEC};
-use keyrate::loom_api::{self, Bucket, SpendError, RETIRED};
+use keyrate::loom_api::{self, Bucket, Flaw, SpendError, RETIRED};
 use keyrate::{Denial, Quota};
-use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 
 /// One call on the bucket.
@@ -31,81 +30,17 @@ enum Answer {
     Took(bool),
 }
 
-/// A bucket the model runs on: the real one, or a broken reset.
-trait Cell: Send + Sync + 'static {
-    fn with_word(word: u64) -> Self;
-    fn call(&self, call: Call, quota: &Quota) -> Answer;
-    fn word(&self) -> u64;
-}
-
-impl Cell for Bucket {
-    fn with_word(word: u64) -> Self {
-        Bucket::with_word(word)
-    }
-
-    fn call(&self, call: Call, quota: &Quota) -> Answer {
-        match call {
-            Call::Spend { now, cost } => match self.spend(now, cost, quota) {
-                Ok(word) => Answer::Spent(Ok(word)),
-                Err(SpendError::Denied(denial)) => Answer::Spent(Err(denial)),
-                Err(SpendError::Retired) => Answer::Retired,
-                Err(SpendError::Moved) => panic!("nobody moves this bucket"),
-            },
-            Call::Reset => Answer::Reset(self.reset().is_ok()),
-            Call::Retire { now } => Answer::Took(self.try_retire(now)),
-        }
-    }
-
-    fn word(&self) -> u64 {
-        Bucket::word(self)
-    }
-}
-
-/// A broken reset: a plain store of 0, markers or not, over a bucket
-/// whose spends and retirement are the real protocol's compare-and-swap
-/// loops. It revives a bucket the sweep has retired (and removed from its
-/// map): later spends land on a bucket nobody can find any more.
-struct BlindReset {
-    full_at: AtomicU64,
-}
-
-impl Cell for BlindReset {
-    fn with_word(word: u64) -> Self {
-        BlindReset {
-            full_at: AtomicU64::new(word),
-        }
-    }
-
-    fn call(&self, call: Call, quota: &Quota) -> Answer {
-        // SeqCst: the bug is the blind store, not an ordering.
-        let mut current = self.full_at.load(Ordering::SeqCst);
-        loop {
-            let next = match call {
-                Call::Reset => {
-                    self.full_at.store(0, Ordering::SeqCst);
-                    return Answer::Reset(true);
-                }
-                Call::Spend { .. } if current == RETIRED => return Answer::Retired,
-                Call::Spend { now, cost } => match loom_api::decide(current, now, cost, quota) {
-                    Ok(next) => next,
-                    Err(denial) => return Answer::Spent(Err(denial)),
-                },
-                Call::Retire { now } if loom_api::is_full(current, now) => RETIRED,
-                Call::Retire { .. } => return Answer::Took(false),
-            };
-            match self
-                .full_at
-                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) if next == RETIRED => return Answer::Took(true),
-                Ok(_) => return Answer::Spent(Ok(next)),
-                Err(actual) => current = actual,
-            }
-        }
-    }
-
-    fn word(&self) -> u64 {
-        self.full_at.load(Ordering::SeqCst)
+/// Makes `call` on the real bucket.
+fn call(bucket: &Bucket, call: Call, quota: &Quota) -> Answer {
+    match call {
+        Call::Spend { now, cost } => match bucket.spend(now, cost, quota) {
+            Ok(word) => Answer::Spent(Ok(word)),
+            Err(SpendError::Denied(denial)) => Answer::Spent(Err(denial)),
+            Err(SpendError::Retired) => Answer::Retired,
+            Err(SpendError::Moved) => panic!("nobody moves this bucket"),
+        },
+        Call::Reset => Answer::Reset(bucket.reset().is_ok()),
+        Call::Retire { now } => Answer::Took(bucket.try_retire(now)),
     }
 }
 
@@ -149,9 +84,9 @@ fn explore(
     }
 }
 
-fn check<C: Cell>(initial: u64, programs: Vec<Vec<Call>>) {
+fn check(initial: u64, programs: Vec<Vec<Call>>) {
     let quota = quota(1.0, 2);
-    let cell = Arc::new(C::with_word(initial));
+    let cell = Arc::new(Bucket::with_word(initial));
     let threads: Vec<_> = programs
         .iter()
         .cloned()
@@ -160,7 +95,7 @@ fn check<C: Cell>(initial: u64, programs: Vec<Vec<Call>>) {
             loom::thread::spawn(move || {
                 program
                     .into_iter()
-                    .map(|call| cell.call(call, &quota))
+                    .map(|next| call(&cell, next, &quota))
                     .collect::<Vec<_>>()
             })
         })
@@ -180,9 +115,9 @@ const SPEND: Call = Call::Spend { now: SEC, cost: 1 };
 
 #[test]
 fn reset_races_spends() {
-    model("8: a reset racing two spenders, capacity 2", || {
+    model("12 reset: a reset racing two spenders, capacity 2", || {
         // The bucket starts empty at 1 s (full at 3 s).
-        check::<Bucket>(
+        check(
             3 * SEC,
             vec![vec![SPEND, SPEND], vec![Call::Reset], vec![SPEND]],
         );
@@ -191,9 +126,9 @@ fn reset_races_spends() {
 
 #[test]
 fn reset_races_retirement() {
-    model("8: a reset racing a spend and a retirement", || {
+    model("12 reset: a reset racing a spend and a retirement", || {
         // Full at 1 s: the sweep may retire it; a spend makes it not full.
-        check::<Bucket>(
+        check(
             SEC,
             vec![
                 vec![SPEND],
@@ -204,16 +139,21 @@ fn reset_races_retirement() {
     });
 }
 
+/// The real bucket with its reset broken (`Flaw::ResetByPlainStore`): a
+/// reset after the retirement stores 0 over `RETIRED`, reviving a bucket
+/// the sweep has removed from its map.
 #[test]
 #[should_panic(expected = "not linearizable")]
 fn broken_blind_reset_revives_a_retired_bucket() {
-    model(
-        "12 broken: a reset that stores 0 over a retired bucket",
-        || {
-            check::<BlindReset>(
-                SEC,
-                vec![vec![Call::Reset], vec![Call::Retire { now: SEC }]],
-            );
-        },
-    );
+    loom_api::with_flaw(Flaw::ResetByPlainStore, || {
+        model(
+            "12 broken: real bucket, reset by a plain store of 0",
+            || {
+                check(
+                    SEC,
+                    vec![vec![Call::Reset], vec![Call::Retire { now: SEC }]],
+                );
+            },
+        );
+    });
 }

@@ -6,17 +6,15 @@
 //! none is counted twice. Each outcome must also be one that some
 //! sequential order of the same calls produces.
 
-use crate::support::{
-    admitted_tokens, assert_sequential, model, quota, run_programs, Cell, LoadThenStore, Op,
-};
-use keyrate::loom_api::{self, Bucket};
+use crate::support::{admitted_tokens, assert_sequential, model, quota, run_programs, Op};
+use keyrate::loom_api::{self, Flaw};
 
 /// Runs `programs` at t = 0 on a full bucket of `capacity` tokens refilled
 /// at 1 token/s (a whole-nanosecond interval, so token counts are exact),
 /// and checks the counts. Returns the number of admitted calls.
-fn check_same_instant<C: Cell>(capacity: u64, programs: &[Vec<Op>]) -> usize {
+fn check_same_instant(capacity: u64, programs: &[Vec<Op>]) -> usize {
     let quota = quota(1.0, capacity);
-    let outcome = run_programs::<C>(0, programs, quota);
+    let outcome = run_programs(0, programs, quota);
     let (answers, word) = &outcome;
     let admitted = answers.iter().flatten().filter(|a| a.is_ok()).count();
     let spent = admitted_tokens(programs, answers);
@@ -45,7 +43,7 @@ fn costs(costs: &[u64]) -> Vec<Op> {
 fn three_threads_unit_costs() {
     model("1 same instant, 3 threads x 1 call, capacity 2", || {
         let programs = vec![unit(1), unit(1), unit(1)];
-        let admitted = check_same_instant::<Bucket>(2, &programs);
+        let admitted = check_same_instant(2, &programs);
         assert_eq!(admitted, 2, "min(capacity, attempts) = 2");
     });
 }
@@ -54,7 +52,7 @@ fn three_threads_unit_costs() {
 fn two_threads_two_calls_each() {
     model("1 same instant, 2 threads x 2 calls, capacity 3", || {
         let programs = vec![unit(2), unit(2)];
-        let admitted = check_same_instant::<Bucket>(3, &programs);
+        let admitted = check_same_instant(3, &programs);
         assert_eq!(admitted, 3, "min(capacity, attempts) = 3");
     });
 }
@@ -65,7 +63,7 @@ fn three_threads_mixed_costs() {
         // Depending on the order, 2 + 1 or 1 + 1 is admitted; either way the
         // content left must match exactly.
         let programs = vec![costs(&[2]), costs(&[1]), costs(&[1])];
-        let admitted = check_same_instant::<Bucket>(3, &programs);
+        let admitted = check_same_instant(3, &programs);
         assert_eq!(admitted, 2, "always exactly two of the three calls fit");
     });
 }
@@ -76,35 +74,45 @@ fn two_threads_mixed_costs_two_calls_each() {
         "1 same instant, 2 threads costs 2,1 / 1,2, capacity 4",
         || {
             let programs = vec![costs(&[2, 1]), costs(&[1, 2])];
-            check_same_instant::<Bucket>(4, &programs);
+            check_same_instant(4, &programs);
         },
     );
 }
 
+/// The real bucket with its spend broken (`Flaw::SpendByLoadThenStore`):
+/// both calls decide on the full bucket and both are admitted.
 #[test]
 #[should_panic(expected = "min(capacity, attempts) = 1")]
 fn broken_load_then_store_admits_too_many() {
-    model("1 broken: load-then-store, 2 threads, capacity 1", || {
-        let programs = vec![unit(1), unit(1)];
-        let admitted = check_counts_only::<LoadThenStore>(1, &programs);
-        assert_eq!(admitted, 1, "min(capacity, attempts) = 1");
+    loom_api::with_flaw(Flaw::SpendByLoadThenStore, || {
+        model("1 broken: real bucket, load-then-store, capacity 1", || {
+            let programs = vec![unit(1), unit(1)];
+            let admitted = check_counts_only(1, &programs);
+            assert_eq!(admitted, 1, "min(capacity, attempts) = 1");
+        });
     });
 }
 
+/// The same flaw when both calls fit: both are admitted in every order,
+/// and the later store erases the other's debit, so the bucket ends with
+/// 2 or 1 tokens instead of 0.
 #[test]
 #[should_panic(expected = "a debit was lost or doubled")]
 fn broken_load_then_store_loses_a_debit() {
-    model("1 broken: load-then-store, costs 2 / 1, capacity 3", || {
-        // Both calls fit, so both are admitted in every order; the broken
-        // bucket then ends with 2 or 1 tokens instead of 0.
-        let programs = vec![costs(&[2]), costs(&[1])];
-        check_same_instant::<LoadThenStore>(3, &programs);
+    loom_api::with_flaw(Flaw::SpendByLoadThenStore, || {
+        model(
+            "1 broken: real bucket, load-then-store, costs 2 / 1",
+            || {
+                let programs = vec![costs(&[2]), costs(&[1])];
+                check_same_instant(3, &programs);
+            },
+        );
     });
 }
 
 /// The admitted count alone, without the content and sequential checks,
 /// so that the over-admission is what the broken model trips on.
-fn check_counts_only<C: Cell>(capacity: u64, programs: &[Vec<Op>]) -> usize {
-    let (answers, _) = run_programs::<C>(0, programs, quota(1.0, capacity));
+fn check_counts_only(capacity: u64, programs: &[Vec<Op>]) -> usize {
+    let (answers, _) = run_programs(0, programs, quota(1.0, capacity));
     answers.iter().flatten().filter(|a| a.is_ok()).count()
 }

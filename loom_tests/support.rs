@@ -1,8 +1,7 @@
 //! Shared pieces of the models: the model runner and the sequential oracle.
 
-use keyrate::loom_api::{self, SpendError};
+use keyrate::loom_api::{self, Bucket, SpendError};
 use keyrate::{Denial, Quota};
-use loom::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -67,39 +66,20 @@ pub type Answer = Result<u64, Denial>;
 /// Everything a run returns: each thread's answers, and the final word.
 pub type Outcome = (Vec<Vec<Answer>>, u64);
 
-/// A bucket the models can spend from: the real one, or a broken twin.
-pub trait Cell: Send + Sync + 'static {
-    /// A cell holding `word`.
-    fn with_word(word: u64) -> Self;
-    /// Spends `op.cost` tokens at `op.now`.
-    fn spend(&self, op: Op, quota: &Quota) -> Answer;
-    /// The current word.
-    fn word(&self) -> u64;
-}
-
-impl Cell for loom_api::Bucket {
-    fn with_word(word: u64) -> Self {
-        loom_api::Bucket::with_word(word)
-    }
-
-    fn spend(&self, op: Op, quota: &Quota) -> Answer {
-        match loom_api::Bucket::spend(self, op.now, op.cost, quota) {
-            Ok(word) => Ok(word),
-            Err(SpendError::Denied(denial)) => Err(denial),
-            // Nobody retires or moves the buckets these programs run on.
-            Err(other) => panic!("a bucket nobody retires or moves answered {other:?}"),
-        }
-    }
-
-    fn word(&self) -> u64 {
-        loom_api::Bucket::word(self)
+/// Spends `op.cost` tokens at `op.now` from the real bucket.
+fn spend(bucket: &Bucket, op: Op, quota: &Quota) -> Answer {
+    match bucket.spend(op.now, op.cost, quota) {
+        Ok(word) => Ok(word),
+        Err(SpendError::Denied(denial)) => Err(denial),
+        // Nobody retires or moves the buckets these programs run on.
+        Err(other) => panic!("a bucket nobody retires or moves answered {other:?}"),
     }
 }
 
-/// Runs each program on its own loom thread against `cell`, and returns
+/// Runs each program on its own loom thread against `bucket`, and returns
 /// each thread's answers, in program order. Call inside a loom model.
-pub fn spend_programs<C: Cell>(
-    cell: &loom::sync::Arc<C>,
+pub fn spend_programs(
+    bucket: &loom::sync::Arc<Bucket>,
     programs: &[Vec<Op>],
     quota: Quota,
 ) -> Vec<Vec<Answer>> {
@@ -107,11 +87,11 @@ pub fn spend_programs<C: Cell>(
         .iter()
         .cloned()
         .map(|program| {
-            let cell = loom::sync::Arc::clone(cell);
+            let bucket = loom::sync::Arc::clone(bucket);
             loom::thread::spawn(move || {
                 program
                     .iter()
-                    .map(|&op| cell.spend(op, &quota))
+                    .map(|&op| spend(&bucket, op, &quota))
                     .collect::<Vec<_>>()
             })
         })
@@ -122,12 +102,12 @@ pub fn spend_programs<C: Cell>(
         .collect()
 }
 
-/// Runs each program on its own loom thread against one cell starting at
-/// `initial`; returns the outcome. Call inside a loom model.
-pub fn run_programs<C: Cell>(initial: u64, programs: &[Vec<Op>], quota: Quota) -> Outcome {
-    let cell = loom::sync::Arc::new(C::with_word(initial));
-    let answers = spend_programs(&cell, programs, quota);
-    (answers, cell.word())
+/// Runs each program on its own loom thread against one real bucket
+/// starting at `initial`; returns the outcome. Call inside a loom model.
+pub fn run_programs(initial: u64, programs: &[Vec<Op>], quota: Quota) -> Outcome {
+    let bucket = loom::sync::Arc::new(Bucket::with_word(initial));
+    let answers = spend_programs(&bucket, programs, quota);
+    (answers, bucket.word())
 }
 
 /// Asserts that `outcome` is one that some sequential order of the
@@ -187,33 +167,4 @@ pub fn admitted_tokens(programs: &[Vec<Op>], answers: &[Vec<Answer>]) -> u64 {
         .filter(|(_, answer)| answer.is_ok())
         .map(|(op, _)| op.cost)
         .sum()
-}
-
-/// A broken bucket: the real decision, but a plain load then store instead
-/// of a compare-and-swap. Two threads can decide on the same word, and the
-/// later store overwrites the earlier debit (model 1) or, for a call with
-/// an older timestamp, moves the clock backwards (model 2).
-pub struct LoadThenStore {
-    full_at: AtomicU64,
-}
-
-impl Cell for LoadThenStore {
-    fn with_word(word: u64) -> Self {
-        LoadThenStore {
-            full_at: AtomicU64::new(word),
-        }
-    }
-
-    fn spend(&self, op: Op, quota: &Quota) -> Answer {
-        // SeqCst everywhere: the bug is the missing read-modify-write, not
-        // a weak ordering.
-        let current = self.full_at.load(Ordering::SeqCst);
-        let next = loom_api::decide(current, op.now, op.cost, quota)?;
-        self.full_at.store(next, Ordering::SeqCst);
-        Ok(next)
-    }
-
-    fn word(&self) -> u64 {
-        self.full_at.load(Ordering::SeqCst)
-    }
 }

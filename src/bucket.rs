@@ -95,6 +95,13 @@ impl Bucket {
         // modification order, so a stale load costs a retry, never a wrong
         // decision.
         let mut current = self.full_at.load(Ordering::Relaxed);
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::SpendByLoadThenStore) {
+            // BROKEN (a model's twin): decide on the load, then a blind store.
+            let next = next_word(current, now, cost, quota)?;
+            self.full_at.store(next.as_u64(), Ordering::Relaxed);
+            return Ok(next);
+        }
         loop {
             let next = next_word(current, now, cost, quota)?;
             if next.as_u64() == current {
@@ -165,6 +172,12 @@ impl Bucket {
     pub(crate) fn reset(&self) -> Result<(), SpendError> {
         // Relaxed, as in `spend`: the compare-exchange alone orders a reset
         // against racing spends and retirements, on this one word.
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::ResetByPlainStore) {
+            // BROKEN (a model's twin): a plain store of 0, markers or not.
+            self.full_at.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut current = self.full_at.load(Ordering::Relaxed);
         loop {
             match current {
@@ -212,6 +225,12 @@ impl Bucket {
                 self.full_at.store(RETIRED, Ordering::Relaxed);
             }
             return full;
+        }
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::RetireWithoutMarking) {
+            // BROKEN (a model's twin): the fullness check alone; the word
+            // is left live for a spend that already found the bucket.
+            return gcra::is_full(Nanos::new(current), now);
         }
         loop {
             // Marker words are never full: `is_full` needs `current <= now`,

@@ -174,6 +174,32 @@ pub enum Flaw {
     /// of `RETIRED`, instead of a compare-and-swap: a spend that lands in
     /// between (from a hot-key cache, which holds no lock) is swallowed.
     RetireByBlindStore,
+    /// A bucket's spend loads its word, decides, then stores the new word,
+    /// instead of one compare-and-swap: two spends can decide on the same
+    /// word, and the later store erases the earlier debit or, for a spend
+    /// stamped earlier, moves the bucket's clock backwards.
+    SpendByLoadThenStore,
+    /// An operator's reset stores 0 (full) whatever the word holds,
+    /// instead of a compare-and-swap that leaves the marker words alone:
+    /// it revives a bucket the sweep has retired and removed from its map.
+    ResetByPlainStore,
+    /// A bucket's retirement checks that it is full and reports it retired
+    /// without writing `RETIRED`: a map whose readers take no lock removes
+    /// it while a spend that already found it still lands on it.
+    RetireWithoutMarking,
+    /// A concurrency permit is taken by a load, a check against the
+    /// limit, then an add, instead of a compare-and-swap from the value
+    /// checked: two takers can both see room for one.
+    PermitTakeCheckThenAdd,
+    /// A concurrency permit is given back by a load, then a store of one
+    /// less, instead of one `fetch_sub`: two racing releases (or a release
+    /// and a take) lose an update, and the count drifts from the holders.
+    PermitReleaseByLoadThenStore,
+    /// The concurrency sweep removes a slot whose count reads 0 without
+    /// retiring it: a waiter that found the slot before takes a permit on
+    /// it that the map no longer counts, while another caller takes one
+    /// on a fresh slot.
+    PermitSlotRemovedWithoutRetiring,
     /// A compound call checks every quota under its bucket's lock, lets
     /// it go, then spends one quota at a time, each under its own lock:
     /// two calls can both pass the check, and spend partially.

@@ -459,9 +459,70 @@ mod tests {
             // Exact half-nanosecond ties: odd multiples of 2^-k seconds.
             values.push((2 * (x % 4096) + 1) as f64 / (1u64 << (10 + i % 20)) as f64);
         }
+        // The general path's upper range, 2^33 s up to the maximum (and
+        // past it): every value is a whole multiple of 2^-19 s, k * 2^-19
+        // with k = 2^52 + m, and k * 10^9 / 2^19 is an exact tie whenever
+        // m = 512 modulo 1024 (10^9 / 2^19 = 5^9 / 2^10). Ties, their
+        // neighbours and a spread of patterns, to past 2^63 ns.
+        let upper = |m: u64| f64::from_bits((1056 << 52) | m);
+        for j in 0..4096u64 {
+            let m = j * 85_899_345 * 1024 + 512; // up to about 0.08 * 2^52
+            values.extend([upper(m - 1), upper(m), upper(m + 1), upper(m + 512)]);
+        }
         for v in values {
             assert_eq!(nanos_from_secs(v), std_nanos(v), "{v:e}");
         }
+    }
+
+    /// Ties in the general path go to the even nanosecond, as computed
+    /// here by hand: 2^33 s is 8,589,934,592,000,000,000 ns, and 1/1024 s
+    /// is 976,562.5 ns, 3/1024 s 2,929,687.5 ns.
+    #[test]
+    fn ties_above_2_pow_33_seconds_go_to_even() {
+        let base = 8_589_934_592_000_000_000u64;
+        let two_33 = 8_589_934_592.0f64;
+        assert_eq!(nanos_from_secs(two_33), Some(base));
+        assert_eq!(nanos_from_secs(two_33 + 1.0 / 1024.0), Some(base + 976_562));
+        assert_eq!(
+            nanos_from_secs(two_33 + 3.0 / 1024.0),
+            Some(base + 2_929_688)
+        );
+        // Just either side of a tie: the nearest, up or down.
+        let above = f64::from_bits((two_33 + 1.0 / 1024.0).to_bits() + 1);
+        let below = f64::from_bits((two_33 + 1.0 / 1024.0).to_bits() - 1);
+        // One step is 2^-19 s, 1,907.35 ns: 976,562.5 +- 1,907.35.
+        assert_eq!(nanos_from_secs(above), Some(base + 978_470));
+        assert_eq!(nanos_from_secs(below), Some(base + 974_655));
+    }
+
+    #[test]
+    fn the_monotonic_clock_advances() {
+        let clock = MonotonicClock::new();
+        let before = clock.now();
+        // A sleep lasts at least as long as asked, on the same clock.
+        std::thread::sleep(Duration::from_millis(2));
+        let after = clock.now();
+        assert!(
+            after >= before + Duration::from_millis(2),
+            "{before:?} {after:?}"
+        );
+    }
+
+    #[test]
+    fn the_manual_clock_moves_only_when_told() {
+        let clock = ManualClock::new();
+        let shared = clock.clone();
+        assert_eq!(clock.now(), Duration::ZERO);
+        clock.advance(Duration::from_millis(1500));
+        assert_eq!(shared.now(), Duration::from_millis(1500), "clones share");
+        shared.advance(Duration::from_nanos(7));
+        assert_eq!(clock.now(), Duration::from_nanos(1_500_000_007));
+        clock.set(Duration::from_secs(1));
+        assert_eq!(clock.now(), Duration::from_secs(1), "set may go back");
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now(), Duration::from_nanos(u64::MAX), "saturates");
+        clock.set(Duration::MAX);
+        assert_eq!(clock.now(), Duration::from_nanos(u64::MAX));
     }
 
     #[test]

@@ -178,6 +178,12 @@ impl Slot {
             if current & QUEUED != 0 || held >= max {
                 return Take::Full { held };
             }
+            #[cfg(loom)]
+            if crate::loom_api::flawed(crate::loom_api::Flaw::PermitTakeCheckThenAdd) {
+                // BROKEN (a model's twin): the check above, then an add.
+                self.word.fetch_add(1, Ordering::Acquire);
+                return Take::Taken;
+            }
             // Acquire on success pairs with the Release of `release`: what
             // a holder did before giving its permit back happens before
             // what the next holder does with it (a permit guards work the
@@ -203,6 +209,16 @@ impl Slot {
         // Release pairs with the Acquire of the next take (see `try_take`).
         // The word is not RETIRED and counts this permit, so the
         // subtraction borrows nothing from the flag bits.
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::PermitReleaseByLoadThenStore) {
+            // BROKEN (a model's twin): a load, then a store of one less.
+            let before = self.word.load(Ordering::Relaxed);
+            self.word.store(before.wrapping_sub(1), Ordering::Release);
+            if before & QUEUED != 0 {
+                self.serve();
+            }
+            return;
+        }
         let before = self.word.fetch_sub(1, Ordering::Release);
         debug_assert!(before != RETIRED && held(before) > 0);
         if before & QUEUED != 0 {
@@ -308,6 +324,12 @@ impl Slot {
     /// looks the key up again, so a caller that found this slot before the
     /// sweep removed it never takes a permit the map no longer counts.
     pub(crate) fn try_retire(&self) -> bool {
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::PermitSlotRemovedWithoutRetiring) {
+            // BROKEN (a model's twin): an idle word is removed but left live.
+            let word = self.word.load(Ordering::Relaxed);
+            return word == 0 || word == USED;
+        }
         // Relaxed: the compare-exchange alone decides which of a racing
         // take and the retirement wins; nothing else is published.
         let idle = |word| word == 0 || word == USED;

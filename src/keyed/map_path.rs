@@ -215,3 +215,47 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         })))
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// The slow path, entered because the fast path found no live bucket
+    /// for a key that another thread then moved to a handle (before the
+    /// slow path took the shard lock): it finds the entry `MOVED` and
+    /// spends from the handle's bucket. Set up here without the race: the
+    /// handle exists, and the slow path is called as the racing call
+    /// would reach it. The words expected are the GCRA's by hand: from a
+    /// full bucket at 0 s, one token at 1 token/s moves `full_at` to
+    /// 1 s, then 2 s; a third is due once `full_at - capacity + 1` (1 s)
+    /// has come.
+    #[test]
+    fn the_slow_path_spends_from_a_bucket_moved_after_the_fast_path_missed() {
+        let limiter = crate::TokenBucketLimiter::new(1.0, 2);
+        let quota = Quota::new(1.0, 2).expect("a valid quota");
+        let handle = limiter.bucket("k");
+        let call = Call {
+            hash: limiter.buckets.hash("k"),
+            key: "k",
+            now: Nanos::ZERO,
+            cost: 1,
+            quota: &quota,
+        };
+        assert_eq!(limiter.charge_slow(&call), Ok(Nanos::new(1_000_000_000)));
+        assert_eq!(
+            handle.remaining(0.0),
+            Ok(1),
+            "spent from the handle's bucket"
+        );
+        assert_eq!(limiter.charge_slow(&call), Ok(Nanos::new(2_000_000_000)));
+        assert_eq!(handle.remaining(0.0), Ok(0));
+        assert_eq!(
+            limiter.charge_slow(&call),
+            Err(Denial::InsufficientTokens {
+                retry_after: Duration::from_secs(1)
+            })
+        );
+        assert_eq!(limiter.len(), 1, "no second bucket for the key");
+    }
+}

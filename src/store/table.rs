@@ -277,6 +277,83 @@ mod tests {
         assert_eq!(table.len(), 50_000);
     }
 
+    /// The growth schedule, step by step: a small table grows the plain
+    /// way (its layout changes, nothing is set aside); a full table of
+    /// `SMALL` entries or more is set aside for one with room for twice
+    /// its entries; each later write moves `STEP` entries over, so `old`
+    /// is empty after `ceil(len / STEP)` writes and freed by the write
+    /// that empties it; every other write leaves the layout as it was.
+    #[test]
+    fn the_growth_schedule_step_by_step() {
+        use super::{SMALL, STEP};
+        let mut table = Table::default();
+        let mut x = 0u64;
+        let mut insert = |table: &mut Table<u64>| {
+            table.insert(hash(&x), x, hash);
+            x += 1;
+        };
+        // Small tables: a layout change exactly when a full one grows.
+        while table.old.allocation_size() == 0 {
+            let (layout, len) = (table.layout(), table.main.len());
+            let full = len == table.main.capacity();
+            insert(&mut table);
+            if table.old.allocation_size() == 0 {
+                assert!(!full || len < SMALL, "{len} entries grew the plain way");
+                assert_eq!(table.layout(), layout + u64::from(full));
+            } else {
+                assert!(full && len >= SMALL, "set aside at {len} entries");
+                assert_eq!(table.layout(), layout + 1, "a set-aside");
+            }
+        }
+        // The set-aside: `old` holds the full table, `main` the new entry
+        // and room for twice the set-aside entries.
+        let set_aside = table.old.len();
+        assert!(set_aside >= SMALL);
+        assert_eq!(table.main.len(), 1);
+        assert!(table.main.capacity() >= 2 * set_aside);
+        let layout = table.layout();
+        for write in 1..=set_aside.div_ceil(STEP) {
+            insert(&mut table);
+            let left = set_aside.saturating_sub(write * STEP);
+            assert_eq!(table.old.len(), left, "write {write}");
+            assert_eq!(table.len(), set_aside + 1 + write);
+            if left > 0 {
+                assert_eq!(table.layout(), layout, "write {write}");
+                assert!(table.old.allocation_size() > 0);
+            }
+        }
+        // The write that emptied `old` freed it; `main` has not filled up.
+        assert_eq!(table.old.allocation_size(), 0);
+        assert_eq!(table.layout(), layout + 1);
+        assert!(table.main.len() < table.main.capacity());
+        let layout = table.layout();
+        insert(&mut table);
+        assert_eq!(table.layout(), layout, "a plain write");
+        // A shrink changes the layout too.
+        table.shrink_to_fit(hash);
+        assert_eq!(table.layout(), layout + 1);
+    }
+
+    /// While a set-aside table is being emptied, a lookup for writing
+    /// finds every key, in `main` (the newest) or in `old`.
+    #[test]
+    fn find_mut_finds_keys_in_either_table_while_old_is_emptied() {
+        let mut table = Table::default();
+        let mut x = 0u64;
+        while table.old.is_empty() {
+            table.insert(hash(&x), x, hash);
+            x += 1;
+        }
+        // Just set aside: `main` holds only the newest key.
+        assert_eq!(table.main.len(), 1);
+        for mut y in 0..x {
+            assert_eq!(table.find_mut(hash(&y), |v| *v == y), Some(&mut y));
+            assert_eq!(table.find(hash(&y), |v| *v == y), Some(&y));
+        }
+        assert_eq!(table.find_mut(hash(&x), |v| *v == x), None);
+        assert_eq!(table.find(hash(&x), |v| *v == x), None);
+    }
+
     /// A set-aside table that the sweep empties is freed by the next write,
     /// not kept until the next set-aside.
     #[test]
