@@ -198,24 +198,45 @@ fn broken_remove_without_retiring_lets_two_in() {
 fn cancelled_waiter_passes_the_permit_on() {
     model(
         "8 concurrency: a queued waiter cancels vs the release, max 1",
-        || {
-            let limiter = Arc::new(ConcurrencyLimiter::new(1));
-            let held = limiter.try_acquire("k").unwrap();
-            let queued = match loom_api::enter(&limiter, "k", 1) {
-                Ok(Entered::Queued(queued)) => queued,
-                other => panic!("expected a place in the queue, got {other:?}"),
-            };
-            let release = loom::thread::spawn(move || drop(held));
-            // The waiter gives up, keeping a permit handed over first.
-            let kept = queued.cancel();
-            release.join().unwrap();
-            assert_eq!(limiter.held("k"), u32::from(kept.is_some()));
-            drop(kept);
-            assert_eq!(limiter.held("k"), 0);
-            assert!(
-                limiter.try_acquire("k").is_ok(),
-                "the permit or the queue flag was left behind"
-            );
-        },
+        cancel_racing_the_release,
+    );
+}
+
+/// The broken twin, on the real limiter with its cancel broken
+/// (`Flaw::CancelDroppingAGrant`): when the release serves the waiter
+/// first, the cancel reports no permit, and the granted one is lost.
+#[test]
+#[should_panic(expected = "a granted permit was lost")]
+fn broken_cancel_dropping_a_grant_loses_a_permit() {
+    loom_api::with_flaw(Flaw::CancelDroppingAGrant, || {
+        model(
+            "8 broken: real limiter, a cancel that drops a grant, max 1",
+            cancel_racing_the_release,
+        );
+    });
+}
+
+/// The model of the two tests above.
+fn cancel_racing_the_release() {
+    let limiter = Arc::new(ConcurrencyLimiter::new(1));
+    let held = limiter.try_acquire("k").unwrap();
+    let queued = match loom_api::enter(&limiter, "k", 1) {
+        Ok(Entered::Queued(queued)) => queued,
+        other => panic!("expected a place in the queue, got {other:?}"),
+    };
+    let release = loom::thread::spawn(move || drop(held));
+    // The waiter gives up, keeping a permit handed over first.
+    let kept = queued.cancel();
+    release.join().unwrap();
+    assert_eq!(
+        limiter.held("k"),
+        u32::from(kept.is_some()),
+        "a granted permit was lost"
+    );
+    drop(kept);
+    assert_eq!(limiter.held("k"), 0);
+    assert!(
+        limiter.try_acquire("k").is_ok(),
+        "the permit or the queue flag was left behind"
     );
 }

@@ -200,6 +200,10 @@ pub enum Flaw {
     /// it that the map no longer counts, while another caller takes one
     /// on a fresh slot.
     PermitSlotRemovedWithoutRetiring,
+    /// A queued waiter that gives up and is no longer in the queue reports
+    /// no permit, although a release served it one first: the granted
+    /// permit is held by nobody, and the key stays one permit short.
+    CancelDroppingAGrant,
     /// A compound call checks every quota under its bucket's lock, lets
     /// it go, then spends one quota at a time, each under its own lock:
     /// two calls can both pass the check, and spend partially.

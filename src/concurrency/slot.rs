@@ -274,6 +274,11 @@ impl Slot {
             Self::serve_locked(&self.word, &mut queue);
             return false;
         }
+        #[cfg(loom)]
+        if crate::loom_api::flawed(crate::loom_api::Flaw::CancelDroppingAGrant) {
+            // BROKEN (a model's twin): off the queue means "not served".
+            return false;
+        }
         // Off the queue but still ours: only a grant takes a waiter off.
         waiter.granted()
     }
