@@ -96,7 +96,7 @@ impl Bucket {
         // decision.
         let mut current = self.full_at.load(Ordering::Relaxed);
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::SpendByLoadThenStore) {
+        if crate::flaw::flawed(crate::flaw::Flaw::SpendByLoadThenStore) {
             // BROKEN (a model's twin): decide on the load, then a blind store.
             let next = next_word(current, now, cost, quota)?;
             self.full_at.store(next.as_u64(), Ordering::Relaxed);
@@ -173,7 +173,7 @@ impl Bucket {
         // Relaxed, as in `spend`: the compare-exchange alone orders a reset
         // against racing spends and retirements, on this one word.
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::ResetByPlainStore) {
+        if crate::flaw::flawed(crate::flaw::Flaw::ResetByPlainStore) {
             // BROKEN (a model's twin): a plain store of 0, markers or not.
             self.full_at.store(0, Ordering::Relaxed);
             return Ok(());
@@ -218,7 +218,7 @@ impl Bucket {
         // alone decides which of a racing spend and the retirement wins.
         let mut current = self.full_at.load(Ordering::Relaxed);
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::RetireByBlindStore) {
+        if crate::flaw::flawed(crate::flaw::Flaw::RetireByBlindStore) {
             // BROKEN (a model's twin): check, then a blind store.
             let full = gcra::is_full(Nanos::new(current), now);
             if full {
@@ -227,7 +227,7 @@ impl Bucket {
             return full;
         }
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::RetireWithoutMarking) {
+        if crate::flaw::flawed(crate::flaw::Flaw::RetireWithoutMarking) {
             // BROKEN (a model's twin): the fullness check alone; the word
             // is left live for a spend that already found the bucket.
             return gcra::is_full(Nanos::new(current), now);

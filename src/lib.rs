@@ -77,6 +77,8 @@ mod dice;
 #[cfg(doctest)]
 mod docs;
 mod error;
+#[cfg(loom)]
+mod flaw;
 mod gcra;
 mod hot;
 mod keyed;

@@ -45,7 +45,7 @@ impl LiveQuota {
             // saw any word of a store in progress sees its odd version (or
             // a later one) here.
             #[cfg(loom)]
-            let skip = crate::loom_api::flawed(crate::loom_api::Flaw::QuotaReadWithoutFence);
+            let skip = crate::flaw::flawed(crate::flaw::Flaw::QuotaReadWithoutFence);
             #[cfg(not(loom))]
             let skip = false;
             if !skip {

@@ -32,7 +32,7 @@ pub(super) fn charge<Q: ?Sized>(
     let mut order: Vec<usize> = (0..cells.len()).collect();
     // The deadlock twin (loom model 14) takes the locks in the call's order.
     #[cfg(loom)]
-    let sorted = !crate::loom_api::flawed(crate::loom_api::Flaw::CompoundLockInCallOrder);
+    let sorted = !crate::flaw::flawed(crate::flaw::Flaw::CompoundLockInCallOrder);
     #[cfg(not(loom))]
     let sorted = true;
     if sorted {

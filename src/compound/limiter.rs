@@ -201,8 +201,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .ok_or(CompoundDenial::InvalidTimestamp)?;
         decide::check_costs(scopes.iter().map(|&(_, policy)| policy), cost)?;
         #[cfg(loom)]
-        let one_scope_path =
-            !crate::loom_api::flawed(crate::loom_api::Flaw::CompoundCheckThenSpend);
+        let one_scope_path = !crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend);
         #[cfg(not(loom))]
         let one_scope_path = true;
         if let (&[(key, policy)], true) = (scopes, one_scope_path) {
@@ -227,7 +226,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .map(|&(key, _)| self.cell(key, now))
             .collect::<Result<Vec<_>, _>>()?;
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::CompoundCheckThenSpend) {
+        if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
             return charge_check_then_spend(&cells, scopes, now, cost);
         }
         charge(&cells, scopes, now, cost)

@@ -179,7 +179,7 @@ impl Slot {
                 return Take::Full { held };
             }
             #[cfg(loom)]
-            if crate::loom_api::flawed(crate::loom_api::Flaw::PermitTakeCheckThenAdd) {
+            if crate::flaw::flawed(crate::flaw::Flaw::PermitTakeCheckThenAdd) {
                 // BROKEN (a model's twin): the check above, then an add.
                 self.word.fetch_add(1, Ordering::Acquire);
                 return Take::Taken;
@@ -210,7 +210,7 @@ impl Slot {
         // The word is not RETIRED and counts this permit, so the
         // subtraction borrows nothing from the flag bits.
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::PermitReleaseByLoadThenStore) {
+        if crate::flaw::flawed(crate::flaw::Flaw::PermitReleaseByLoadThenStore) {
             // BROKEN (a model's twin): a load, then a store of one less.
             let before = self.word.load(Ordering::Relaxed);
             self.word.store(before.wrapping_sub(1), Ordering::Release);
@@ -275,7 +275,7 @@ impl Slot {
             return false;
         }
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::CancelDroppingAGrant) {
+        if crate::flaw::flawed(crate::flaw::Flaw::CancelDroppingAGrant) {
             // BROKEN (a model's twin): off the queue means "not served".
             return false;
         }
@@ -330,7 +330,7 @@ impl Slot {
     /// sweep removed it never takes a permit the map no longer counts.
     pub(crate) fn try_retire(&self) -> bool {
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::PermitSlotRemovedWithoutRetiring) {
+        if crate::flaw::flawed(crate::flaw::Flaw::PermitSlotRemovedWithoutRetiring) {
             // BROKEN (a model's twin): an idle word is removed but left live.
             let word = self.word.load(Ordering::Relaxed);
             return word == 0 || word == USED;

@@ -111,7 +111,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // their next call back to the map, exactly as a keyed call.
             MOVED => self.moved.remove_if(key, |moved| {
                 #[cfg(loom)]
-                if crate::loom_api::flawed(crate::loom_api::Flaw::EvictIgnoringHandles) {
+                if crate::flaw::flawed(crate::flaw::Flaw::EvictIgnoringHandles) {
                     return moved.bucket.try_retire(at);
                 }
                 Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(at)

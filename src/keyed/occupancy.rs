@@ -204,10 +204,10 @@ impl Occupancy {
     }
 
     /// Under loom, a broken twin's way to take the flag (see
-    /// `loom_api::Flaw`), or `None` for the real one.
+    /// `flaw::Flaw`), or `None` for the real one.
     #[cfg(loom)]
     fn flawed_take(&self) -> Option<bool> {
-        use crate::loom_api::{flawed, Flaw};
+        use crate::flaw::{flawed, Flaw};
         if flawed(Flaw::SweepFlagRelaxed) {
             return Some(!self.sweeping.swap(true, Ordering::Relaxed));
         }
@@ -306,7 +306,7 @@ impl Occupancy {
         self.pressure.store(0, Ordering::Relaxed);
         // Release pairs with the Acquire in `step_due`.
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::SweepFlagRelaxed) {
+        if crate::flaw::flawed(crate::flaw::Flaw::SweepFlagRelaxed) {
             self.sweeping.store(false, Ordering::Relaxed);
             return;
         }
@@ -346,7 +346,7 @@ impl Occupancy {
             return true;
         }
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::ReserveCheckThenAdd) {
+        if crate::flaw::flawed(crate::flaw::Flaw::ReserveCheckThenAdd) {
             if self.held.load(Ordering::Relaxed) >= self.max_buckets {
                 return false;
             }

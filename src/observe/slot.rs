@@ -41,7 +41,7 @@ struct Slot {
 impl Slot {
     fn take() -> Slot {
         #[cfg(loom)]
-        if crate::loom_api::flawed(crate::loom_api::Flaw::SlotTakenInTwoLocks) {
+        if crate::flaw::flawed(crate::flaw::Flaw::SlotTakenInTwoLocks) {
             // BROKEN (a model's twin): reads the next index under the lock
             // and claims it under another, so two threads can take the
             // same one.

@@ -129,7 +129,7 @@ pub(super) struct Mirror {
     /// orders them before a later `learn` of the same shard).
     floor: AtomicU64,
     /// The bounds of compound buckets' words (`compound/bounds.rs`).
-    pub(super) words: super::compound::WordBounds,
+    pub(super) words: super::compound::bounds::WordBounds,
 }
 
 /// A key's bound as the mirror knows it.
@@ -154,7 +154,7 @@ impl Mirror {
             server_offset: AtomicU64::new(0),
             refresh: Nanos::saturating_from_duration(refresh),
             floor: AtomicU64::new(0),
-            words: super::compound::WordBounds::new(
+            words: super::compound::bounds::WordBounds::new(
                 capacity,
                 Nanos::saturating_from_duration(refresh),
             ),

@@ -7,6 +7,10 @@ use ::redis::{ScriptInvocation, Value};
 /// The decision script; Redis caches it by its SHA-1.
 pub(super) const BUCKET_SCRIPT: &str = include_str!("bucket.lua");
 
+/// The compound decision script (see `compound`); Redis caches it by its
+/// SHA-1.
+pub(super) const COMPOUND_SCRIPT: &str = include_str!("compound/compound.lua");
+
 /// Where "now" comes from for one call.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum When {

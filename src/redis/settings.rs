@@ -56,7 +56,7 @@ impl Settings {
         Settings {
             quota: Arc::new(LiveQuota::new(quota)),
             script: Arc::new(Script::new(BUCKET_SCRIPT)),
-            compound_script: Arc::new(Script::new(super::compound::COMPOUND_SCRIPT)),
+            compound_script: Arc::new(Script::new(super::script::COMPOUND_SCRIPT)),
             names: Arc::new(Names::private()),
             timeout: DEFAULT_REDIS_TIMEOUT,
             min_ttl_ms: 0,

@@ -40,7 +40,7 @@ pub(crate) fn shard_of<Q: Hash + ?Sized>(key: &Q, shards: usize) -> usize {
 impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
     pub(crate) fn new(_store: super::Store, _hasher: S, _shards: usize) -> Self {
         Map {
-            shards: (0..crate::loom_api::shards())
+            shards: (0..crate::flaw::shards())
                 .map(|_| loom::sync::RwLock::new(std::collections::HashMap::default()))
                 .collect(),
             _hasher: std::marker::PhantomData,
@@ -121,7 +121,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         use std::collections::hash_map::Entry;
-        if crate::loom_api::flawed(crate::loom_api::Flaw::InsertWithoutRecheck) {
+        if crate::flaw::flawed(crate::flaw::Flaw::InsertWithoutRecheck) {
             // BROKEN: the lookup's lock is released before the insert.
             if let Some(value) = self.shard(key).write().unwrap().get_mut(key) {
                 return Some(f(value));

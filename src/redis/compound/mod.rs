@@ -19,12 +19,11 @@
 //! `error.rs` (the refusal), and here
 //! the front ends: async, blocking, and the placed view of either.
 
-mod bounds;
+pub(super) mod bounds;
 mod core;
 mod error;
 mod slot;
 
-pub(super) use self::bounds::WordBounds;
 pub use self::error::RedisCompoundDenial;
 
 use self::core::{Call, Outcome};
@@ -38,9 +37,6 @@ use crate::time::At;
 use ::redis::aio::ConnectionLike;
 use std::fmt;
 use std::future::Future;
-
-/// The compound decision script; Redis caches it by its SHA-1.
-pub(super) const COMPOUND_SCRIPT: &str = include_str!("compound.lua");
 
 /// A Redis limiter whose compound calls place every bucket in the hash
 /// slot of one anchor (see [`RedisLimiter::placed`]): the same calls, as
