@@ -11,9 +11,9 @@
 //! At most `7 + 64` series per limiter: scopes and quotas are indexes in
 //! the caller's lists, never keys.
 
-use super::{Backend, Metrics};
+use super::{register_counter, Backend, Metrics};
 use crate::compound::{CompoundLimiter, CompoundStats, COUNTED_SCOPES, MAX_QUOTAS};
-use ::prometheus::{IntCounterVec, Opts, Registry};
+use ::prometheus::Registry;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
@@ -99,9 +99,7 @@ impl Metrics {
 impl Metrics {
     pub(super) fn encode_compound(&self, registry: &Registry) -> Result<(), ::prometheus::Error> {
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
+            register_counter(registry, name, help, labels)
         };
         let limiter = &["limiter"];
         let admitted = counter(

@@ -1,9 +1,9 @@
 //! The concurrency limiters' series: what each backend measures, and its
 //! encoding. No series names a key.
 
-use super::{saturate, Metrics};
+use super::{register_counter, register_gauge, saturate, Metrics};
 use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
-use ::prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use ::prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use std::hash::{BuildHasher, Hash};
 
 /// What a concurrency limiter measures, by where its permits live:
@@ -113,15 +113,9 @@ const LEASE_COUNTERS: [(&str, &str, Read); 7] = [
 impl Series {
     fn register(registry: &Registry) -> Result<Self, ::prometheus::Error> {
         let limiter = &["limiter"];
-        let gauge = |name: &str, help: &str| {
-            let metric = IntGaugeVec::new(Opts::new(name, help), limiter)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
-        };
+        let gauge = |name: &str, help: &str| register_gauge(registry, name, help, limiter);
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
+            register_counter(registry, name, help, labels)
         };
         #[cfg(feature = "redis")]
         let leases = LEASE_COUNTERS

@@ -420,15 +420,10 @@ impl Metrics {
     fn encode(&self) -> Result<String, ::prometheus::Error> {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
+            register_counter(&registry, name, help, labels)
         };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(metric.clone()))?;
-            Ok::<_, ::prometheus::Error>(metric)
-        };
+        let gauge =
+            |name: &str, help: &str, labels: &[&str]| register_gauge(&registry, name, help, labels);
         let limiter = &["limiter"];
         let admitted = counter("keyrate_admitted_total", "Calls admitted.", limiter)?;
         let cost = counter(
@@ -553,4 +548,31 @@ impl Metrics {
 
 fn saturate(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A counter family named `name`, registered in `registry`: every series
+/// family is made this way, by the limiters', layers', compound and
+/// concurrency encoders alike.
+pub(super) fn register_counter(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, ::prometheus::Error> {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+/// A gauge family named `name`, registered in `registry` (see
+/// [`register_counter`]).
+pub(super) fn register_gauge(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntGaugeVec, ::prometheus::Error> {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
 }
