@@ -82,6 +82,11 @@ impl Stats {
 }
 
 /// One counter of a stripe.
+///
+/// The denial cells follow [`Denial`]'s variants in their order, so that
+/// a denial's cell is its variant's index plus a constant: `denial_cell`
+/// then compiles to an addition, not a jump table (paired-harness
+/// callgrind: 8 instructions off a counted denial).
 #[derive(Clone, Copy)]
 pub(crate) enum Cell {
     Admitted,
@@ -90,11 +95,11 @@ pub(crate) enum Cell {
     ExceedsCapacity,
     InvalidTimestamp,
     LimiterFull,
+    BackendErrors,
     Created,
     Evicted,
     Sweeps,
     SweepNanos,
-    BackendErrors,
     MirrorDenials,
     Promotions,
 }
@@ -210,9 +215,10 @@ impl Counters {
                 false
             }
             Err(denial) => {
-                let cell = denial_cell(denial);
-                self.0.add_at(index, cell as usize, 1);
-                matches!(cell, Cell::InsufficientTokens)
+                self.0.add_at(index, denial_cell(denial) as usize, 1);
+                // Read off the denial, not the cell: the cell's `match`
+                // then has one result, and folds to arithmetic.
+                matches!(denial, Denial::InsufficientTokens { .. })
             }
         }
     }
