@@ -43,12 +43,12 @@ where
 
     #[inline(always)]
     fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
-        self.admit(key, at, cost, None)
+        self.admit(key, at, cost, &self.quota.load())
     }
 
     #[inline(always)]
     fn allow_under(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool {
-        self.admit(key, at, cost, Some(quota))
+        self.admit(key, at, cost, quota)
     }
 
     fn remaining_under(&self, key: &Q, at: At, quota: &Quota) -> Result<u64, Denial> {

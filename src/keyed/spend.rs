@@ -76,31 +76,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         self.spend_at(key, at.nanos(&*self.clock), cost, quota)
     }
 
-    /// Whether `cost` spent from `key`'s bucket at `at` under `quota`
-    /// (`None`: the default quota, read here) is admitted: `allow`'s whole
-    /// call, out of line once per kind of time it is called with (whose
-    /// conversion then folds), and returning one register.
+    /// Whether `cost` spent from `key`'s bucket at `at` under `quota` is
+    /// admitted: `allow`'s whole call, out of line once per kind of time
+    /// it is called with (whose conversion then folds), and returning one
+    /// register.
     #[inline(never)]
-    pub(super) fn admit<Q>(
-        &self,
-        key: &Q,
-        at: impl Into<At>,
-        cost: u64,
-        quota: Option<&Quota>,
-    ) -> bool
+    pub(super) fn admit<Q>(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let now = at.into().nanos(&*self.clock);
-        let default;
-        let quota = match quota {
-            Some(quota) => quota,
-            None => {
-                default = self.quota.load();
-                &default
-            }
-        };
         self.spend_inline::<AllowPath, Q>(key, now, cost, quota)
             .is_ok()
     }
