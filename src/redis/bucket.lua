@@ -58,6 +58,10 @@ if stored == ARGV[8] then
   return {1, stored}
 end
 
+-- The general path: the library functions it calls more than once, read
+-- from the globals once (each global read is a table lookup per call).
+local tonumber, sub, find, format, call = tonumber, string.sub, string.find, string.format, redis.call
+
 local server = ARGV[1] == 'time'
 local now_s, now_n
 if server then
@@ -67,7 +71,7 @@ if server then
   if not redis.REDIS_VERSION_NUM then
     redis.replicate_commands()
   end
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
   now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -79,7 +83,7 @@ end
 local len = #stored
 local full_s, full_n = 0, 0
 if len > 9 then
-  full_s, full_n = tonumber(string.sub(stored, 1, len - 9)), tonumber(string.sub(stored, len - 8))
+  full_s, full_n = tonumber(sub(stored, 1, len - 9)), tonumber(sub(stored, len - 8))
 elseif len > 0 then
   full_n = tonumber(stored)
 end
@@ -100,7 +104,7 @@ end
 if full_s > lim_s or (full_s == lim_s and full_n > lim_n) then
   return {0, stored, now_s, now_n}
 end
-if len > 20 or string.find(stored, '%D') then
+if len > 20 or find(stored, '%D') then
   return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
 end
 
@@ -114,9 +118,9 @@ if new_n >= 1000000000 then
 end
 local word
 if new_s == 0 then
-  word = string.format('%d', new_n)
+  word = format('%d', new_n)
 else
-  word = string.format('%d%09d', new_s, new_n)
+  word = format('%d%09d', new_s, new_n)
 end
 
 -- The key lives until the bucket is full again (rounded up to the
@@ -133,12 +137,12 @@ if server and redis.REDIS_VERSION_NUM then
   if at < floor then
     at = floor
   end
-  redis.call('SET', key, word, 'PXAT', at)
+  call('SET', key, word, 'PXAT', at)
 else
   local ttl = (new_s - now_s) * 1000 + math.ceil((new_n - now_n) / 1000000)
   if ttl < min_ttl then
     ttl = min_ttl
   end
-  redis.call('SET', key, word, 'PX', ttl)
+  call('SET', key, word, 'PX', ttl)
 end
 return {1, stored, now_s, now_n}
