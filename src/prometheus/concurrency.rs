@@ -5,6 +5,7 @@ use super::{register_counter, register_gauge, saturate, Metrics};
 use crate::concurrency::{ConcurrencyLimiter, ConcurrencyStats};
 use ::prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
 
 /// What a concurrency limiter measures, by where its permits live:
 /// [`Metrics`] exports only the series its variant has.
@@ -53,6 +54,41 @@ where
 impl<C: Send + Sync> ObserveConcurrency for crate::RedisConcurrencyLimiter<C> {
     fn report(&self) -> ConcurrencyReport {
         ConcurrencyReport::Leases(self.stats())
+    }
+}
+
+impl Metrics {
+    /// Exposes a concurrency limiter under `limiter="name"`: its permits
+    /// in flight (a gauge), its permits given and its refusals by reason
+    /// (counters), and what else its backend measures (see
+    /// [`ConcurrencyReport`]): an in-memory [`ConcurrencyLimiter`]
+    /// its keys and waiters, a
+    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) its
+    /// failed acquires, renewals and leases lost. No series names a key.
+    ///
+    /// The scrape of an in-memory limiter counts the permits in flight by
+    /// visiting every key (see [`ConcurrencyLimiter::stats`](crate::ConcurrencyLimiter::stats)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::prometheus::Metrics;
+    /// use keyrate::ConcurrencyLimiter;
+    /// use std::sync::Arc;
+    ///
+    /// let streams = Arc::new(ConcurrencyLimiter::new(1));
+    /// let metrics = Metrics::new().concurrency("streams", streams.clone());
+    /// let _held = streams.try_acquire("sk_live_1").unwrap();
+    /// assert!(streams.try_acquire("sk_live_1").is_err());
+    /// let text = metrics.render();
+    /// assert!(text.contains(r#"keyrate_concurrency_in_flight{limiter="streams"} 1"#));
+    /// assert!(text.contains(r#"keyrate_concurrency_refused_total{limiter="streams",reason="at_limit"} 1"#));
+    /// assert!(!text.contains("sk_live_1"));
+    /// ```
+    #[must_use]
+    pub fn concurrency(mut self, name: &str, limiter: Arc<dyn ObserveConcurrency>) -> Self {
+        self.concurrency.push((name.to_owned(), limiter));
+        self
     }
 }
 

@@ -59,21 +59,26 @@
 //! (8 in memory, 12 on Redis). So `n` limiters, `m` layers and `c`
 //! concurrency limiters expose at most `n * (15 + top) + 6 * m + 12 * c`
 //! series.
+//!
+//! Files: `mod.rs` ([`Metrics`]: what to expose, and the encoder over
+//! every family), `limiters.rs` (the rate limiters' series and
+//! offenders), `layers.rs` (the layers' responses), `concurrency.rs` and
+//! `compound.rs` (those limiters' series).
 
 mod compound;
+mod concurrency;
+mod layers;
+mod limiters;
 
 pub use self::compound::ObserveCompound;
-
-use crate::keyed::TokenBucketLimiter;
-use crate::observe::{KeyLabels, Offenders, Stats};
-use ::prometheus::{CounterVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
-use std::fmt;
-use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
-
-mod concurrency;
-
 pub use self::concurrency::{ConcurrencyReport, ObserveConcurrency};
+pub use self::limiters::{Backend, Observe};
+
+use self::layers::ResponsesFn;
+use crate::observe::KeyLabels;
+use ::prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use std::fmt;
+use std::sync::Arc;
 
 /// Offenders listed per limiter unless [`Metrics::with_top_offenders`]
 /// says otherwise.
@@ -81,80 +86,6 @@ pub const DEFAULT_TOP_OFFENDERS: usize = 10;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Where a limiter's buckets live, and so what it can measure.
-///
-/// | series | `InProcess` | `Shared` |
-/// |---|---|---|
-/// | admitted, admitted cost, denied by reason | yes | yes (this process's calls) |
-/// | buckets, created, evicted, sweeps, sweep time, hot-key promotions, offenders | yes | no: the buckets live in the backend |
-/// | backend errors, mirror denials | no: there is no backend | yes |
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Backend {
-    /// In this process's memory ([`TokenBucketLimiter`]).
-    InProcess,
-    /// In a store shared by many processes (Redis).
-    Shared,
-}
-
-/// A limiter that [`Metrics`] can expose: its counters, and its top
-/// offenders with keys as label values.
-pub trait Observe: Send + Sync {
-    /// Where the limiter's buckets live, which decides what it measures:
-    /// [`Metrics`] exports only those series.
-    fn backend(&self) -> Backend;
-    /// The limiter's counters.
-    fn stats(&self) -> Stats;
-    /// The `n` keys denied most, as text (raw: [`Metrics`] labels them);
-    /// none by default.
-    fn top_offenders(&self, n: usize) -> Offenders<String> {
-        let _ = n;
-        Offenders {
-            top: Vec::new(),
-            max_error: 0,
-            denials: 0,
-        }
-    }
-    /// The buckets held, if the limiter knows.
-    fn buckets(&self) -> Option<usize> {
-        None
-    }
-}
-
-impl<K, S> Observe for TokenBucketLimiter<K, S>
-where
-    K: Hash + Eq + Clone + fmt::Display + Send + Sync + 'static,
-    S: BuildHasher + Clone + Send + Sync,
-{
-    fn backend(&self) -> Backend {
-        Backend::InProcess
-    }
-
-    fn stats(&self) -> Stats {
-        TokenBucketLimiter::stats(self)
-    }
-
-    fn top_offenders(&self, n: usize) -> Offenders<String> {
-        let offenders = TokenBucketLimiter::top_offenders(self, n);
-        Offenders {
-            top: offenders
-                .top
-                .into_iter()
-                .map(|(key, count)| (key.to_string(), count))
-                .collect(),
-            max_error: offenders.max_error,
-            denials: offenders.denials,
-        }
-    }
-
-    fn buckets(&self) -> Option<usize> {
-        Some(self.len())
-    }
-}
-
-/// A reader of a layer's responses.
-type ResponsesFn = Box<dyn Fn() -> [(&'static str, u64); 8] + Send + Sync>;
 
 /// The limiters and layers to expose, and how many offenders to list.
 ///
@@ -275,264 +206,21 @@ impl Metrics {
         self
     }
 
-    /// Exposes `limiter` under `limiter="name"`.
-    #[must_use]
-    pub fn limiter(mut self, name: &str, limiter: Arc<dyn Observe>) -> Self {
-        self.limiters.push((name.to_owned(), limiter));
-        self
-    }
-
-    /// Exposes a concurrency limiter under `limiter="name"`: its permits
-    /// in flight (a gauge), its permits given and its refusals by reason
-    /// (counters), and what else its backend measures (see
-    /// [`ConcurrencyReport`]): an in-memory [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
-    /// its keys and waiters, a
-    /// [`RedisConcurrencyLimiter`](crate::RedisConcurrencyLimiter) its
-    /// failed acquires, renewals and leases lost. No series names a key.
-    ///
-    /// The scrape of an in-memory limiter counts the permits in flight by
-    /// visiting every key (see [`ConcurrencyLimiter::stats`](crate::ConcurrencyLimiter::stats)).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyrate::prometheus::Metrics;
-    /// use keyrate::ConcurrencyLimiter;
-    /// use std::sync::Arc;
-    ///
-    /// let streams = Arc::new(ConcurrencyLimiter::new(1));
-    /// let metrics = Metrics::new().concurrency("streams", streams.clone());
-    /// let _held = streams.try_acquire("sk_live_1").unwrap();
-    /// assert!(streams.try_acquire("sk_live_1").is_err());
-    /// let text = metrics.render();
-    /// assert!(text.contains(r#"keyrate_concurrency_in_flight{limiter="streams"} 1"#));
-    /// assert!(text.contains(r#"keyrate_concurrency_refused_total{limiter="streams",reason="at_limit"} 1"#));
-    /// assert!(!text.contains("sk_live_1"));
-    /// ```
-    #[must_use]
-    pub fn concurrency(mut self, name: &str, limiter: Arc<dyn ObserveConcurrency>) -> Self {
-        self.concurrency.push((name.to_owned(), limiter));
-        self
-    }
-
-    /// Exposes `layer`'s responses by status under `limiter="name"`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyrate::layer::{bearer_token, RateLimitLayer};
-    /// use keyrate::prometheus::Metrics;
-    /// use keyrate::TokenBucketLimiter;
-    /// use std::sync::Arc;
-    ///
-    /// let layer = RateLimitLayer::new(Arc::new(TokenBucketLimiter::new(1.0, 1)), bearer_token);
-    /// let metrics = Metrics::new().layer("api", &layer);
-    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="api",status="429"} 0"#));
-    /// ```
-    #[cfg(feature = "tower")]
-    #[must_use]
-    pub fn layer<L, F, K, C, P>(
-        self,
-        name: &str,
-        layer: &crate::layer::RateLimitLayer<L, F, K, C, P>,
-    ) -> Self {
-        self.responses(name, layer.response_counts())
-    }
-
-    /// Exposes a [`ConcurrencyLimitLayer`](crate::layer::ConcurrencyLimitLayer)'s
-    /// responses by status under `limiter="name"`, as [`layer`](Self::layer)
-    /// does a rate layer's (its `413` is always 0).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyrate::layer::{bearer_token, ConcurrencyLimitLayer};
-    /// use keyrate::prometheus::Metrics;
-    /// use keyrate::ConcurrencyLimiter;
-    /// use std::sync::Arc;
-    ///
-    /// let layer = ConcurrencyLimitLayer::new(Arc::new(ConcurrencyLimiter::new(2)), bearer_token);
-    /// let metrics = Metrics::new().concurrency_layer("streams", &layer);
-    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="streams",status="429"} 0"#));
-    /// ```
-    #[cfg(feature = "tower")]
-    #[must_use]
-    pub fn concurrency_layer<F, K, P, S>(
-        self,
-        name: &str,
-        layer: &crate::layer::ConcurrencyLimitLayer<F, K, P, S>,
-    ) -> Self {
-        self.responses(name, layer.response_counts())
-    }
-
-    /// Exposes a [`DeclaredLengthLayer`](crate::layer::DeclaredLengthLayer)'s
-    /// responses by status under `limiter="name"`: its refusals (`411`,
-    /// `400`) and the requests it passed on (`200`). Give it a name of its
-    /// own: under a rate layer's name, the requests both passed on would
-    /// be counted twice.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use keyrate::layer::DeclaredLengthLayer;
-    /// use keyrate::prometheus::Metrics;
-    ///
-    /// let layer = DeclaredLengthLayer::new();
-    /// let metrics = Metrics::new().length_layer("uploads", &layer);
-    /// assert!(metrics.render().contains(r#"keyrate_http_responses_total{limiter="uploads",status="411"} 0"#));
-    /// ```
-    #[cfg(feature = "tower")]
-    #[must_use]
-    pub fn length_layer(self, name: &str, layer: &crate::layer::DeclaredLengthLayer) -> Self {
-        self.responses(name, layer.response_counts())
-    }
-
-    /// Exposes a layer's response counts under `limiter="name"`.
-    #[cfg(feature = "tower")]
-    fn responses(mut self, name: &str, counts: crate::observe::ResponseCounts) -> Self {
-        let read = move || {
-            let r = counts.read();
-            [
-                ("200", r.admitted),
-                ("400", r.bad_request),
-                ("401", r.unauthorized),
-                ("411", r.length_required),
-                ("413", r.payload_too_large),
-                ("429", r.too_many_requests),
-                ("431", r.key_too_large),
-                ("503", r.unavailable),
-            ]
-        };
-        self.layers.push((name.to_owned(), Box::new(read)));
-        self
-    }
-
     /// The current values, in the Prometheus text format.
     #[must_use]
     pub fn render(&self) -> String {
         match self.encode() {
             Ok(text) => text,
-            // Only a bug in the metric definitions below can fail.
+            // Only a bug in the metric definitions can fail.
             Err(err) => format!("# keyrate: cannot encode metrics: {err}\n"),
         }
     }
 
     fn encode(&self) -> Result<String, ::prometheus::Error> {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            register_counter(&registry, name, help, labels)
-        };
-        let gauge =
-            |name: &str, help: &str, labels: &[&str]| register_gauge(&registry, name, help, labels);
-        let limiter = &["limiter"];
-        let admitted = counter("keyrate_admitted_total", "Calls admitted.", limiter)?;
-        let cost = counter(
-            "keyrate_admitted_cost_total",
-            "Tokens spent by admitted calls.",
-            limiter,
-        )?;
-        let denied = counter(
-            "keyrate_denied_total",
-            "Calls denied, by reason.",
-            &["limiter", "reason"],
-        )?;
-        let created = counter("keyrate_buckets_created_total", "Buckets created.", limiter)?;
-        let evicted = counter(
-            "keyrate_buckets_evicted_total",
-            "Buckets evicted by sweeps.",
-            limiter,
-        )?;
-        let sweeps = counter("keyrate_sweeps_total", "Sweeps run.", limiter)?;
-        let sweep_seconds = CounterVec::new(
-            Opts::new("keyrate_sweep_seconds_total", "Time spent sweeping."),
-            limiter,
-        )?;
-        registry.register(Box::new(sweep_seconds.clone()))?;
-        let backend = counter(
-            "keyrate_backend_errors_total",
-            "Calls whose backend (Redis) round trip failed.",
-            limiter,
-        )?;
-        let mirror = counter(
-            "keyrate_mirror_denials_total",
-            "Denials the Redis deny mirror decided locally, with no round trip.",
-            limiter,
-        )?;
-        let promotions = counter(
-            "keyrate_hot_key_promotions_total",
-            "Keys taken into a thread's hot-key cache.",
-            limiter,
-        )?;
-        let buckets = gauge("keyrate_buckets", "Buckets held.", limiter)?;
-        let offender = gauge(
-            "keyrate_offender_denials",
-            "Approximate denials of a top offender in the recent window.",
-            &["limiter", "key"],
-        )?;
-        let max_error = gauge(
-            "keyrate_offenders_max_error",
-            "The most by which an offender's count can be off.",
-            limiter,
-        )?;
-        let window = gauge(
-            "keyrate_offenders_window_denials",
-            "Denials counted in the offenders' window.",
-            limiter,
-        )?;
-        for (name, source) in &self.limiters {
-            let stats = source.stats();
-            let l = &[name.as_str()];
-            admitted.with_label_values(l).inc_by(stats.admitted);
-            cost.with_label_values(l).inc_by(stats.admitted_cost);
-            for (reason, n) in [
-                ("insufficient_tokens", stats.denied_insufficient_tokens),
-                ("exceeds_capacity", stats.denied_exceeds_capacity),
-                ("invalid_timestamp", stats.denied_invalid_timestamp),
-                ("limiter_full", stats.denied_limiter_full),
-            ] {
-                denied.with_label_values(&[name.as_str(), reason]).inc_by(n);
-            }
-            if source.backend() == Backend::Shared {
-                backend.with_label_values(l).inc_by(stats.backend_errors);
-                mirror.with_label_values(l).inc_by(stats.mirror_denials);
-                continue;
-            }
-            created.with_label_values(l).inc_by(stats.buckets_created);
-            evicted.with_label_values(l).inc_by(stats.buckets_evicted);
-            sweeps.with_label_values(l).inc_by(stats.sweeps);
-            sweep_seconds
-                .with_label_values(l)
-                .inc_by(stats.sweep_time.as_secs_f64());
-            promotions
-                .with_label_values(l)
-                .inc_by(stats.hot_key_promotions);
-            if let Some(n) = source.buckets() {
-                buckets.with_label_values(l).set(saturate(n as u64));
-            }
-            let offenders = source.top_offenders(self.top).labelled(&self.labels);
-            for (key, count) in offenders.top.iter().take(self.top) {
-                offender
-                    .with_label_values(&[name.as_str(), key.as_str()])
-                    .set(saturate(*count));
-            }
-            max_error
-                .with_label_values(l)
-                .set(saturate(offenders.max_error));
-            window.with_label_values(l).set(saturate(offenders.denials));
-        }
+        self.encode_limiters(&registry)?;
         if !self.layers.is_empty() {
-            let responses = counter(
-                "keyrate_http_responses_total",
-                "Responses of the layers, by status (200: passed on).",
-                &["limiter", "status"],
-            )?;
-            for (name, read) in &self.layers {
-                for (status, n) in read() {
-                    responses
-                        .with_label_values(&[name.as_str(), status])
-                        .inc_by(n);
-                }
-            }
+            self.encode_layers(&registry)?;
         }
         if !self.concurrency.is_empty() {
             self.encode_concurrency(&registry)?;

@@ -17,28 +17,32 @@
 //! sent: then the next call on the key goes to Redis, whose answer replaces
 //! it. A fallen word is thus over-denied by at most `refresh`.
 //!
-//! Calls the bound admits are coalesced per key (async limiter): the mirror
-//! counts the refill spent by the calls on a key in flight to Redis, and a
-//! call that the bound would deny if they were all admitted waits for them
-//! to end, then decides again against the raised bound. So a key hammered
-//! from many tasks sends Redis about as many calls as it has tokens, not
-//! one per task. Waiting changes when a call is decided, never how.
+//! Calls the bound admits are coalesced per key (async limiter;
+//! `mirror/flight.rs`): the mirror counts the refill spent by the calls on
+//! a key in flight to Redis, and a call that the bound would deny if they
+//! were all admitted waits for them to end, then decides again against the
+//! raised bound. So a key hammered from many tasks sends Redis about as
+//! many calls as it has tokens, not one per task. Waiting changes when a
+//! call is decided, never how.
 //!
 //! Memory is bounded: at most `capacity` bounds, in shards; a shard that is
 //! full first drops the bounds already in the past (they deny nothing), and
 //! if it is still full the new bound is not kept (a forgotten bound only
 //! costs a round trip, never a wrong decision).
 
-use crate::gcra::{self, Quota};
+mod flight;
+#[cfg(all(test, not(loom)))]
+mod tests;
+
+pub(super) use self::flight::{Boarding, FlightGuard};
+
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use crate::time::Nanos;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 /// How many shards the bounds are spread over.
@@ -67,42 +71,6 @@ struct Entry {
 
 /// One shard: bucket key -> entry.
 type Shard = RwLock<HashMap<Box<str>, Entry, foldhash::fast::RandomState>>;
-
-/// Whether a call the bound admits goes to Redis now or waits.
-pub(super) enum Boarding {
-    /// Go: the call counts as in flight until the guard is dropped.
-    Go(Option<FlightGuard>),
-    /// Wait until a call in flight on the key ends, then decide again.
-    Wait(Pin<Box<OwnedNotified>>),
-}
-
-/// A call in flight to Redis: dropping it (answered, failed or cancelled)
-/// takes its spend off the key's pending refill and wakes the waiters.
-pub(super) struct FlightGuard {
-    mirror: Arc<Mirror>,
-    key: Box<str>,
-    spend: Nanos,
-}
-
-impl Drop for FlightGuard {
-    fn drop(&mut self) {
-        let mut shard = self.mirror.shard(&self.key).write();
-        if let Some(entry) = shard.get_mut(&*self.key) {
-            entry.pending = entry.pending.saturating_sub(self.spend);
-            if let Some(landed) = &entry.landed {
-                landed.notify_waiters();
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for FlightGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FlightGuard")
-            .field("spend", &self.spend)
-            .finish_non_exhaustive()
-    }
-}
 
 /// The bounds of one limiter (and its clones).
 pub(super) struct Mirror {
@@ -178,54 +146,6 @@ impl Mirror {
             fresh: self.fresh(entry.seen, now).then_some(entry.bound),
             guess: entry.bound,
         })
-    }
-
-    /// Boards a call of `cost` (`spend` of refill) on `key` at `at`
-    /// that the bound admits:
-    /// it goes when the bound still admits it with every call in flight
-    /// counted as admitted (or when the entry cannot be kept), and waits
-    /// otherwise.
-    pub(super) fn board(
-        self: &Arc<Self>,
-        key: &str,
-        at: Nanos,
-        cost: u64,
-        spend: Nanos,
-        quota: &Quota,
-    ) -> Boarding {
-        let mut shard = self.shard(key).write();
-        if !shard.contains_key(key) {
-            if shard.len() >= self.per_shard {
-                return Boarding::Go(None);
-            }
-            shard.insert(Box::from(key), Entry::default());
-        }
-        let local_now = self.local_now();
-        let entry = shard.get_mut(key).expect("present");
-        if entry.pending > Nanos::ZERO {
-            // A stale bound counts for nothing: the flights' answers
-            // bring a fresh one.
-            let bound = if self.fresh(entry.seen, local_now) {
-                entry.bound
-            } else {
-                Nanos::ZERO
-            };
-            let if_all_admitted = bound.max(at).saturating_add(entry.pending);
-            if gcra::decide(if_all_admitted, at, cost, quota).is_err() {
-                let landed = entry.landed.get_or_insert_with(Default::default).clone();
-                let mut wait = Box::pin(landed.notified_owned());
-                // Registered before the shard lock is released: a flight
-                // that lands from now on wakes it.
-                wait.as_mut().enable();
-                return Boarding::Wait(wait);
-            }
-        }
-        entry.pending = entry.pending.saturating_add(spend);
-        Boarding::Go(Some(FlightGuard {
-            mirror: Arc::clone(self),
-            key: Box::from(key),
-            spend,
-        }))
     }
 
     /// Learns that `key`'s word was `word` at `now` (on the caller's or
@@ -340,158 +260,5 @@ impl std::fmt::Debug for Mirror {
             .field("bounds", &self.len())
             .field("capacity", &(self.per_shard * SHARDS))
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    //! The coalescing protocol (boarding, the flight guard, the wake-up)
-    //! under contention, on a multi-threaded runtime, against a fake Redis
-    //! that decides on one word under a lock: the differential tests run
-    //! their calls one at a time, so their waits never happen.
-
-    use super::*;
-    use crate::error::Denial;
-    use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering};
-    use std::sync::Mutex;
-    use std::time::Duration;
-
-    /// What the test counts: calls that went to the fake Redis, its
-    /// admissions and denials, denials by the bound, and waits.
-    #[derive(Default)]
-    struct Tally {
-        round_trips: StdAtomicU64,
-        admitted: StdAtomicU64,
-        denied_by_redis: StdAtomicU64,
-        denied_by_bound: StdAtomicU64,
-        waits: StdAtomicU64,
-    }
-
-    /// One call, as `RedisLimiter` makes it: deny by the bound, board,
-    /// wait and decide again, or go to Redis, raise the bound to its
-    /// answer and land (drop the guard).
-    async fn call(
-        mirror: Arc<Mirror>,
-        redis: Arc<Mutex<Nanos>>,
-        tally: Arc<Tally>,
-        at: Nanos,
-        quota: Quota,
-    ) {
-        let (key, cost) = ("k", 1);
-        let spend = gcra::spend_for(cost, &quota).expect("a unit cost fits");
-        loop {
-            let sent = mirror.local_now();
-            if let Some(bound) = mirror.bound(key, sent).and_then(|known| known.fresh) {
-                if gcra::decide(bound, at, cost, &quota).is_err() {
-                    tally.denied_by_bound.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-            }
-            let guard = match mirror.board(key, at, cost, spend, &quota) {
-                Boarding::Go(guard) => guard,
-                Boarding::Wait(landed) => {
-                    tally.waits.fetch_add(1, Ordering::Relaxed);
-                    landed.await;
-                    continue;
-                }
-            };
-            assert!(guard.is_some(), "the mirror keeps the test's one key");
-            // The round trip: other tasks run meanwhile.
-            tokio::task::yield_now().await;
-            tally.round_trips.fetch_add(1, Ordering::Relaxed);
-            let (decided, word) = {
-                let mut word = redis.lock().unwrap();
-                let decided = gcra::decide(*word, at, cost, &quota);
-                if let Ok(next) = decided {
-                    *word = next;
-                }
-                (decided, *word)
-            };
-            tokio::task::yield_now().await;
-            mirror.learn(key, word, at, sent);
-            drop(guard);
-            match decided {
-                Ok(_) => tally.admitted.fetch_add(1, Ordering::Relaxed),
-                Err(Denial::InsufficientTokens { .. }) => {
-                    tally.denied_by_redis.fetch_add(1, Ordering::Relaxed)
-                }
-                Err(other) => panic!("{other:?}"),
-            };
-            return;
-        }
-    }
-
-    /// Rounds of many tasks calling one key at one instant each, a window
-    /// apart (the bucket is full again at each round). Every call ends (a
-    /// lost wake-up would hang the round: the timeout fails it), and is
-    /// decided once, by the bound or by Redis; Redis admits exactly the
-    /// capacity each round (the bound denies nothing Redis would admit);
-    /// no call boards twice or stays boarded (the pending refill is back to
-    /// zero after each round); and calls waited. Redis may deny a few: a
-    /// call that read the bound just before a landing raised it boards
-    /// with no flight to count, and Redis answers it.
-    #[test]
-    fn contended_boarding_coalesces_and_loses_no_call() {
-        const ROUNDS: u64 = 200;
-        const TASKS: u64 = 48;
-        const CAPACITY: u64 = 8;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_time()
-            .build()
-            .expect("a runtime");
-        let quota = Quota::new(CAPACITY as f64, CAPACITY).expect("a valid quota");
-        // A refresh far longer than the test: every bound stays fresh.
-        let mirror = Arc::new(Mirror::new(
-            DEFAULT_MIRROR_CAPACITY,
-            Duration::from_secs(3600),
-        ));
-        let redis = Arc::new(Mutex::new(Nanos::ZERO));
-        let tally = Arc::new(Tally::default());
-        for round in 1..=ROUNDS {
-            let at = Nanos::new(round * quota.window().as_u64());
-            let before = tally.admitted.load(Ordering::Relaxed);
-            let trips_before = tally.round_trips.load(Ordering::Relaxed);
-            runtime.block_on(async {
-                let tasks: Vec<_> = (0..TASKS)
-                    .map(|_| {
-                        let (mirror, redis, tally) =
-                            (Arc::clone(&mirror), Arc::clone(&redis), Arc::clone(&tally));
-                        tokio::spawn(call(mirror, redis, tally, at, quota))
-                    })
-                    .collect();
-                let all = async {
-                    for task in tasks {
-                        task.await.expect("a call panicked");
-                    }
-                };
-                tokio::time::timeout(Duration::from_secs(60), all)
-                    .await
-                    .expect("a call never ended: a lost wake-up");
-            });
-            let admitted = tally.admitted.load(Ordering::Relaxed) - before;
-            let trips = tally.round_trips.load(Ordering::Relaxed) - trips_before;
-            assert_eq!(admitted, CAPACITY, "round {round}: admitted {admitted}");
-            assert!(trips >= admitted, "round {round}: {trips} round trips");
-            let pending = mirror.shard("k").read().get("k").map(|e| e.pending);
-            assert_eq!(
-                pending,
-                Some(Nanos::ZERO),
-                "round {round}: a flight never landed"
-            );
-        }
-        let calls = ROUNDS * TASKS;
-        let by_bound = tally.denied_by_bound.load(Ordering::Relaxed);
-        let by_redis = tally.denied_by_redis.load(Ordering::Relaxed);
-        let trips = tally.round_trips.load(Ordering::Relaxed);
-        assert_eq!(
-            trips,
-            ROUNDS * CAPACITY + by_redis,
-            "a call went to Redis twice"
-        );
-        assert_eq!(trips + by_bound, calls, "every call decided once");
-        let waits = tally.waits.load(Ordering::Relaxed);
-        eprintln!("{calls} calls: {trips} round trips ({by_redis} denied by Redis), {by_bound} denied by the bound, {waits} waits");
-        assert!(waits > 0, "no call waited: the contended path never ran");
     }
 }
