@@ -39,6 +39,9 @@
 
 pub(crate) use imp::HotKeys;
 
+mod quick;
+mod tags;
+
 /// What a probe of the calling thread's cache found.
 pub(crate) enum Probe<R> {
     /// The key's bucket is cached here: the spend's outcome.
@@ -49,9 +52,9 @@ pub(crate) enum Probe<R> {
 }
 
 mod imp {
-    use super::Probe;
+    use super::tags::{set_of, tag_of, vote_of, ways_tagged};
+    use super::{quick, Probe};
     use crate::bucket::Bucket;
-    use crate::dice::Dice;
     use crate::sync::unmodeled::{AtomicU64, Relaxed};
     use crate::sync::Arc;
     use crossbeam_utils::CachePadded;
@@ -144,8 +147,6 @@ mod imp {
 
     /// One thread's cache and its vote counters.
     struct Cache {
-        /// Picks the misses that vote (see [`VOTE_ONE_IN`]).
-        dice: Dice,
         /// Each set's ways' tags (see [`tag_of`]), a byte a way, so that a
         /// probe that finds nothing reads one word: all the sets' tags
         /// fit in four cache lines, which random traffic keeps warm. A
@@ -177,7 +178,6 @@ mod imp {
         /// line with it: its entries' hit counts are written on every hit.
         fn new() -> Box<CachePadded<Self>> {
             Box::new(CachePadded::new(Cache {
-                dice: Dice::new(),
                 tags: [0; SETS],
                 sets: None,
                 votes: [[(0, 0); VOTE_WAYS]; VOTE_SETS],
@@ -208,42 +208,6 @@ mod imp {
         }
     }
 
-    /// The set of a key whose hash is `hash`. Bits above the ones hashbrown
-    /// and the map's shards use, so that the keys of one shard spread over
-    /// all sets.
-    #[inline]
-    fn set_of(hash: u64) -> usize {
-        (hash >> 8) as usize % SETS
-    }
-
-    /// The byte that stands for `hash` in its set's tags: bits that
-    /// neither [`set_of`], the map's shards nor hashbrown use.
-    #[inline]
-    pub(super) fn tag_of(hash: u64) -> u8 {
-        (hash >> 24) as u8
-    }
-
-    /// The ways of a set whose tag byte in `tags` is `tag`: a bit mask with
-    /// the top bit of each such way's byte set, possibly with stray bits
-    /// above a true match (the classic zero-byte test), which the caller's
-    /// full comparison discards.
-    #[inline]
-    pub(super) fn ways_tagged(tags: u64, tag: u8) -> u64 {
-        const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-        const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-        let zero_where_equal = tags ^ (u64::from(tag) * ONES);
-        zero_where_equal.wrapping_sub(ONES) & !zero_where_equal & HIGHS
-    }
-
-    /// The vote set and tag of `hash` in limiter `limiter`. Two keys that
-    /// share both only share votes, and a promotion looks the key up
-    /// again, so a clash misdirects votes, never a decision.
-    #[inline]
-    fn vote_of(limiter: u64, hash: u64) -> (usize, u32) {
-        let mixed = hash ^ limiter.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        ((mixed >> 16) as usize % VOTE_SETS, mixed as u32)
-    }
-
     impl HotKeys {
         pub(crate) fn new() -> Self {
             // Relaxed: only uniqueness matters, and fetch_add gives it.
@@ -266,7 +230,8 @@ mod imp {
         /// Runs `f` on this thread's cached bucket for `key` (whose hash is
         /// `hash`), if it has one; otherwise counts the lookup that follows
         /// as a vote for `key`. `f` returns `None` when the bucket has been
-        /// retired: the entry is then dropped, and the lookup votes.
+        /// retired: the entry is then dropped, and the lookup votes. For
+        /// calls that [`cached_here`](Self::cached_here) lets through.
         #[inline]
         pub(crate) fn probe<K, Q, R>(
             &self,
@@ -278,9 +243,6 @@ mod imp {
             K: Borrow<Q> + 'static,
             Q: Eq + ?Sized,
         {
-            if !self.on {
-                return Probe::Miss { promote: false };
-            }
             // `try_*`: during thread teardown, or if `K`'s drop code calls a
             // limiter from inside the cache, the call goes to the map.
             CACHE
@@ -324,12 +286,45 @@ mod imp {
                             break;
                         }
                     }
-                    let votes = cache.dice.one_in(VOTE_ONE_IN);
                     Probe::Miss {
-                        promote: votes && cache.vote(vote_of(self.id, hash)),
+                        promote: quick::votes() && cache.vote(vote_of(self.id, hash)),
                     }
                 })
                 .unwrap_or(Probe::Miss { promote: false })
+        }
+
+        /// Whether a call should [`probe`](Self::probe) the calling
+        /// thread's cache: it is on, and the thread has cached a bucket.
+        /// Otherwise the call goes to the map, and
+        /// [`missed`](Self::missed) counts its vote.
+        #[inline]
+        pub(crate) fn cached_here(&self) -> bool {
+            self.on && quick::cached()
+        }
+
+        /// A lookup that did not probe the cache (see
+        /// [`cached_here`](Self::cached_here)), counted as
+        /// [`probe`](Self::probe) counts a miss: true when the key whose
+        /// hash is `hash` has just won its vote. Only a miss that votes
+        /// touches the cache (see `Quick`).
+        #[inline]
+        pub(crate) fn missed(&self, hash: u64) -> bool {
+            self.on && quick::votes() && self.vote(hash)
+        }
+
+        /// Counts a lookup of the key whose hash is `hash` as a vote (see
+        /// [`Cache::vote`]): true when the key should now be cached.
+        #[inline(never)]
+        fn vote(&self, hash: u64) -> bool {
+            CACHE
+                .try_with(|cache| {
+                    let Ok(mut cache) = cache.try_borrow_mut() else {
+                        return false;
+                    };
+                    let cache = cache.get_or_insert_with(Cache::new);
+                    cache.vote(vote_of(self.id, hash))
+                })
+                .unwrap_or(false)
         }
 
         /// Caches `key`'s moved bucket in the calling thread, in a free way
@@ -350,6 +345,7 @@ mod imp {
                 let cache: &mut Cache = cache.get_or_insert_with(Cache::new);
                 let index = set_of(hash);
                 let sets = cache.sets.get_or_insert_with(|| {
+                    quick::mark_cached();
                     Box::new(std::array::from_fn(|_| Set {
                         hashes: [0; WAYS],
                         ways: std::array::from_fn(|_| None),

@@ -1,6 +1,6 @@
 //! Unit tests of the cache's tag lookup.
 
-use super::imp::{tag_of, ways_tagged};
+use super::tags::{tag_of, ways_tagged};
 
 /// Every way whose tag matches is a candidate, and the lowest candidate
 /// (the one a probe tries first) is always a true match.

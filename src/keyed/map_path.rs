@@ -48,16 +48,22 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // bucket is cached here (see `hot`). A moved bucket never moves
         // again, but a sweep may retire it; the cache then forgets it and
         // the call goes to the map.
-        let probe = self.hot.probe::<K, Q, _>(
-            hash,
-            key,
-            // Inlined into the probe: the hit path's whole spend.
-            #[inline(always)]
-            |bucket| SpendError::decision(bucket.spend(now, cost, quota)),
-        );
-        let promote = match probe {
-            Probe::Hit(decided) => return decided,
-            Probe::Miss { promote } => promote,
+        // A thread that has cached nothing (random traffic over many
+        // keys) skips the probe, and only counts its vote.
+        let promote = if self.hot.cached_here() {
+            let probe = self.hot.probe::<K, Q, _>(
+                hash,
+                key,
+                // Inlined into the probe: the hit path's whole spend.
+                #[inline(always)]
+                |bucket| SpendError::decision(bucket.spend(now, cost, quota)),
+            );
+            match probe {
+                Probe::Hit(decided) => return decided,
+                Probe::Miss { promote } => promote,
+            }
+        } else {
+            self.hot.missed(hash)
         };
         let call = Call {
             hash,
