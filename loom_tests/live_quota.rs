@@ -5,6 +5,10 @@
 //! read returns the old quota or the new one, whole: never some words of
 //! one and some of the other (a torn quota could have a window that
 //! matches no interval).
+//!
+//! A keyed call reads the initial quota in place while no store has begun:
+//! its decision is the old quota's or the new one's, and a call after a
+//! store decides under the new quota.
 
 use crate::support::model;
 use keyrate::{Quota, TokenBucketLimiter};
@@ -47,5 +51,62 @@ fn broken_read_without_fence_tears_the_quota() {
             assert!(read == first || read == second, "a torn quota: {read:?}");
             writer.join().unwrap();
         });
+    });
+}
+
+/// A keyed call reads the initial quota in place until a store begins
+/// (`LiveQuota::current`): racing a store, its decision is the old
+/// quota's or the new one's, and a call made after the store (here, after
+/// joining the writer) decides under the new quota. Cost 5 exceeds the
+/// first quota's capacity (3) and fits the second's (70).
+#[test]
+fn a_keyed_call_decides_under_the_initial_quota_or_the_stored_one() {
+    model(
+        "a_keyed_call_decides_under_the_initial_quota_or_the_stored_one",
+        || {
+            let first = Quota::new(1.0, 3).unwrap();
+            let second = Quota::new(1000.0, 70).unwrap();
+            let limiter: Arc<TokenBucketLimiter> = Arc::new(TokenBucketLimiter::with_quota(first));
+            let writer = {
+                let limiter = Arc::clone(&limiter);
+                thread::spawn(move || limiter.set_quota(second))
+            };
+            // Either quota may decide this one: both answers are whole.
+            let _ = limiter.allow_n("racing", 0.0, 5);
+            writer.join().unwrap();
+            assert!(
+                limiter.allow_n("after", 0.0, 5),
+                "a call after the store decided under the old quota"
+            );
+        },
+    );
+}
+
+/// The same with the keyed call reading the initial quota whatever the
+/// version says (`Flaw::QuotaInitialAlways`): the call after the store
+/// still decides under the old quota.
+#[test]
+#[should_panic(expected = "decided under the old quota")]
+fn broken_initial_quota_read_ignores_a_store() {
+    keyrate::loom_api::with_flaw(keyrate::loom_api::Flaw::QuotaInitialAlways, || {
+        model(
+            "7 broken: the initial quota read whatever the version",
+            || {
+                let first = Quota::new(1.0, 3).unwrap();
+                let second = Quota::new(1000.0, 70).unwrap();
+                let limiter: Arc<TokenBucketLimiter> =
+                    Arc::new(TokenBucketLimiter::with_quota(first));
+                let writer = {
+                    let limiter = Arc::clone(&limiter);
+                    thread::spawn(move || limiter.set_quota(second))
+                };
+                let _ = limiter.allow_n("racing", 0.0, 5);
+                writer.join().unwrap();
+                assert!(
+                    limiter.allow_n("after", 0.0, 5),
+                    "a call after the store decided under the old quota"
+                );
+            },
+        );
     });
 }

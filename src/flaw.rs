@@ -19,6 +19,10 @@ pub enum Flaw {
     /// A read of the live quota skips its `Acquire` fence: the second
     /// version load may then miss a store whose words the read saw.
     QuotaReadWithoutFence,
+    /// A keyed call reads the limiter's initial quota whatever the live
+    /// quota's version says: a call made after a store (and synchronised
+    /// with it) still decides under the old quota.
+    QuotaInitialAlways,
     /// The map looks a new key up under one lock and inserts it under
     /// another, without looking again: two first calls each install (and
     /// spend from) their own bucket.

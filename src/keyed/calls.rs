@@ -43,7 +43,10 @@ where
 
     #[inline(always)]
     fn allow_n(&self, key: &Q, at: impl Into<At>, cost: u64) -> bool {
-        self.admit(key, at, cost, &self.quota.load())
+        // The default quota in place while it was never replaced (see
+        // `LiveQuota::current`): no copy of its words.
+        let mut loaded = None;
+        self.admit(key, at, cost, self.quota.current(&mut loaded))
     }
 
     #[inline(always)]
@@ -252,13 +255,14 @@ impl Limiter<()> for BucketHandle {
 
     #[inline(always)]
     fn allow(&self, _: &(), at: impl Into<At>) -> bool {
-        self.spend_under(at.into(), 1, &self.quota.load()).is_ok()
+        Limiter::allow_n(self, &(), at, 1)
     }
 
     #[inline(always)]
     fn allow_n(&self, _: &(), at: impl Into<At>, cost: u64) -> bool {
-        self.spend_under(at.into(), cost, &self.quota.load())
-            .is_ok()
+        let mut loaded = None;
+        let quota = self.quota.current(&mut loaded);
+        self.spend_under(at.into(), cost, quota).is_ok()
     }
 
     fn remaining_under(&self, _: &(), at: At, quota: &Quota) -> Result<u64, Denial> {
