@@ -36,7 +36,9 @@
 mod common;
 
 use common::compound::{KeyrateCompound, KeyrateScopes, SequentialScopes};
-use common::{api_key, mix, Competitor, DashWord, Governor, Keyrate, KeyrateUnder, Spec};
+use common::{
+    api_key, mix, Competitor, DashWord, Governor, Keyrate, KeyrateNanos, KeyrateUnder, Spec,
+};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -176,6 +178,7 @@ fn build(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
         Box::new(KeyrateUnder::new(spec, table.clone())),
         Box::new(DashWord::new(spec, table.clone())),
         Box::new(Keyrate::over_dashmap(spec, table.clone())),
+        Box::new(KeyrateNanos::new(spec, table.clone())),
     ]
 }
 
@@ -366,9 +369,9 @@ fn main() {
     println!(
         "| scenario | threads | keyrate | keyrate, no cache | keyrate, no stats | \
          keyrate, quota per call | dashmap_word | keyrate over DashMap | \
-         keyrate: created per 10^6 calls |"
+         keyrate, Duration | keyrate: created per 10^6 calls |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     // keyrate's hot-key promotions per million timed calls, by scenario.
     let mut promotions = Vec::new();
     for (name, spec, keys, pick) in scenarios {

@@ -147,6 +147,29 @@ impl Competitor for Keyrate {
     }
 }
 
+/// keyrate as users get it, called with the caller's nanoseconds as a
+/// `Duration` since its epoch (`allow_n(&str, Duration, cost)`) instead of
+/// `f64` seconds: the exact form, for callers that keep time in integers.
+pub struct KeyrateNanos(pub Keyrate);
+
+impl KeyrateNanos {
+    pub fn new(spec: Spec, keys: Arc<[String]>) -> Self {
+        KeyrateNanos(Keyrate::new(spec, keys))
+    }
+}
+
+impl Competitor for KeyrateNanos {
+    type Local = ();
+    fn local(&self) {}
+    #[inline]
+    fn call(&self, _: &(), key: usize, ns: u64, _: f64, cost: u32) -> bool {
+        let since = Duration::from_nanos(ns);
+        self.0
+            .limiter
+            .allow_n(self.0.keys[key].as_str(), since, u64::from(cost))
+    }
+}
+
 /// keyrate's keyed API with the quota passed on every call
 /// (`limiter.under(&quota).allow_n(..)`, a per-key plan), the same quota as
 /// the default: what naming the quota costs against reading the default.

@@ -81,8 +81,10 @@ impl<T> Table<T> {
         }
     }
 
-    /// [`find`](Self::find), for writing.
-    #[inline]
+    /// [`find`](Self::find), for writing. Always inlined: the map path's
+    /// lookup, which must not leave the front end's one call however many
+    /// instances of it a program has.
+    #[inline(always)]
     pub(crate) fn find_mut(&mut self, hash: u64, eq: impl Fn(&T) -> bool) -> Option<&mut T> {
         // Two lookups in `main` on a miss in it (a borrow checker limit on
         // returning from a conditional borrow); `old` is empty almost
