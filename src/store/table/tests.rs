@@ -1,0 +1,190 @@
+//! Unit tests of the shard table: growth a step at a time, and sweeps in
+//! slices.
+
+use super::Table;
+
+fn hash(x: &u64) -> u64 {
+    x.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+#[test]
+fn grows_a_step_at_a_time_and_loses_nothing() {
+    let mut table = Table::default();
+    for x in 0..100_000u64 {
+        table.insert(hash(&x), x, hash);
+        if x % 997 == 0 {
+            for y in (0..=x).step_by(101) {
+                assert_eq!(table.find(hash(&y), |v| *v == y), Some(&y));
+            }
+        }
+    }
+    assert_eq!(table.len(), 100_000);
+    // Every set-aside table was emptied before `main` filled again.
+    assert!(table.old.len() < table.main.len() / 2);
+    table.retain(|v| *v % 2 == 0);
+    assert_eq!(table.len(), 50_000);
+    assert!(table.remove_if(hash(&4), |v| *v == 4, |_| true));
+    assert!(!table.remove_if(hash(&6), |v| *v == 6, |_| false));
+    assert!(!table.remove_if(hash(&5), |v| *v == 5, |_| true));
+    assert_eq!(table.find_mut(hash(&6), |v| *v == 6), Some(&mut 6));
+    table.shrink_to_fit(hash);
+    assert!(table.old.is_empty());
+    assert_eq!(table.len(), 49_999);
+}
+
+#[test]
+fn no_write_moves_more_than_a_step() {
+    let mut table = Table::default();
+    let mut set_aside = 0;
+    for x in 0..50_000u64 {
+        let before = table.old.len();
+        table.insert(hash(&x), x, hash);
+        let after = table.old.len();
+        if after > before {
+            // A set-aside: it found `old` already empty, so it moved
+            // nothing itself.
+            assert_eq!(before, 0);
+            set_aside += 1;
+        } else {
+            assert!(before - after <= super::STEP);
+        }
+    }
+    assert!(set_aside >= 5, "{set_aside} set-asides");
+    assert_eq!(table.len(), 50_000);
+}
+
+/// The growth schedule, step by step: a small table grows the plain
+/// way (its layout changes, nothing is set aside); a full table of
+/// `SMALL` entries or more is set aside for one with room for twice
+/// its entries; each later write moves `STEP` entries over, so `old`
+/// is empty after `ceil(len / STEP)` writes and freed by the write
+/// that empties it; every other write leaves the layout as it was.
+#[test]
+fn the_growth_schedule_step_by_step() {
+    use super::{SMALL, STEP};
+    let mut table = Table::default();
+    let mut x = 0u64;
+    let mut insert = |table: &mut Table<u64>| {
+        table.insert(hash(&x), x, hash);
+        x += 1;
+    };
+    // Small tables: a layout change exactly when a full one grows.
+    while table.old.allocation_size() == 0 {
+        let (layout, len) = (table.layout(), table.main.len());
+        let full = len == table.main.capacity();
+        insert(&mut table);
+        if table.old.allocation_size() == 0 {
+            assert!(!full || len < SMALL, "{len} entries grew the plain way");
+            assert_eq!(table.layout(), layout + u64::from(full));
+        } else {
+            assert!(full && len >= SMALL, "set aside at {len} entries");
+            assert_eq!(table.layout(), layout + 1, "a set-aside");
+        }
+    }
+    // The set-aside: `old` holds the full table, `main` the new entry
+    // and room for twice the set-aside entries.
+    let set_aside = table.old.len();
+    assert!(set_aside >= SMALL);
+    assert_eq!(table.main.len(), 1);
+    assert!(table.main.capacity() >= 2 * set_aside);
+    let layout = table.layout();
+    for write in 1..=set_aside.div_ceil(STEP) {
+        insert(&mut table);
+        let left = set_aside.saturating_sub(write * STEP);
+        assert_eq!(table.old.len(), left, "write {write}");
+        assert_eq!(table.len(), set_aside + 1 + write);
+        if left > 0 {
+            assert_eq!(table.layout(), layout, "write {write}");
+            assert!(table.old.allocation_size() > 0);
+        }
+    }
+    // The write that emptied `old` freed it; `main` has not filled up.
+    assert_eq!(table.old.allocation_size(), 0);
+    assert_eq!(table.layout(), layout + 1);
+    assert!(table.main.len() < table.main.capacity());
+    let layout = table.layout();
+    insert(&mut table);
+    assert_eq!(table.layout(), layout, "a plain write");
+    // A shrink changes the layout too.
+    table.shrink_to_fit(hash);
+    assert_eq!(table.layout(), layout + 1);
+}
+
+/// While a set-aside table is being emptied, a lookup for writing
+/// finds every key, in `main` (the newest) or in `old`.
+#[test]
+fn find_mut_finds_keys_in_either_table_while_old_is_emptied() {
+    let mut table = Table::default();
+    let mut x = 0u64;
+    while table.old.is_empty() {
+        table.insert(hash(&x), x, hash);
+        x += 1;
+    }
+    // Just set aside: `main` holds only the newest key.
+    assert_eq!(table.main.len(), 1);
+    for mut y in 0..x {
+        assert_eq!(table.find_mut(hash(&y), |v| *v == y), Some(&mut y));
+        assert_eq!(table.find(hash(&y), |v| *v == y), Some(&y));
+    }
+    assert_eq!(table.find_mut(hash(&x), |v| *v == x), None);
+    assert_eq!(table.find(hash(&x), |v| *v == x), None);
+}
+
+/// A set-aside table that the sweep empties is freed by the next write,
+/// not kept until the next set-aside.
+#[test]
+fn a_swept_empty_old_table_is_freed() {
+    let mut table = Table::default();
+    let mut x = 0u64;
+    while table.old.allocation_size() == 0 {
+        table.insert(hash(&x), x, hash);
+        x += 1;
+    }
+    // The sweep removes everything the set-aside table holds.
+    table.retain_range(0..table.old.num_buckets(), |_| false);
+    assert!(table.old.is_empty());
+    assert!(table.old.allocation_size() > 0);
+    table.step(hash);
+    assert_eq!(table.old.allocation_size(), 0);
+    assert_eq!(table.len(), table.main.len());
+    assert!(table.len() > 0);
+}
+
+/// A sweep in slices, old's buckets then main's, with insertions (and
+/// so moves and set-asides) between slices, visits every entry that
+/// was in the table when it started, unless the layout changed (then
+/// it starts over, as the limiter's sweep does).
+#[test]
+fn a_sweep_in_slices_misses_no_entry() {
+    let mut table = Table::default();
+    let mut next = 0u64;
+    for _ in 0..3_000 {
+        table.insert(hash(&next), next, hash);
+        next += 1;
+    }
+    for _ in 0..6 {
+        let present: Vec<u64> = (0..next)
+            .filter(|x| table.find(hash(x), |v| v == x).is_some())
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        let (mut from, mut layout) = (0, table.layout());
+        while from < table.buckets() {
+            if table.layout() != layout {
+                (from, layout) = (0, table.layout());
+            }
+            let to = (from + 64).min(table.buckets());
+            table.retain_range(from..to, |v| {
+                seen.insert(*v);
+                true
+            });
+            from = to;
+            for _ in 0..3 {
+                table.insert(hash(&next), next, hash);
+                next += 1;
+            }
+        }
+        for x in present {
+            assert!(seen.contains(&x), "{x} was missed");
+        }
+    }
+}
