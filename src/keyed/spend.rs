@@ -77,31 +77,24 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// Whether `cost` spent from `key`'s bucket at `at` under `quota` is
-    /// admitted: `allow`'s whole call. The instant is read here, in the
-    /// caller, where its kind of `At` is known and its `match` folds; the
-    /// rest is one call.
-    #[inline(always)]
-    pub(super) fn admit<Q>(&self, key: &Q, at: impl Into<At>, cost: u64, quota: &Quota) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.admit_at(key, at.into().nanos(&*self.clock), cost, quota)
-    }
-
-    /// [`admit`](Self::admit) at a validated instant (`None`: invalid,
-    /// denied), out of line and returning one register. One instance
-    /// whatever kinds of time a program calls with: with one per kind
-    /// (`f64` and `Duration` in one program), the steps they shared (the
-    /// hot-key probe, the table lookup, the count) were each left out of
-    /// line, 50 to 100 instructions a call (paired-harness callgrind).
+    /// admitted: `allow`'s whole call, out of line once per kind of time
+    /// it is called with (whose conversion then folds), and returning one
+    /// register.
+    ///
+    /// Each kind of time gets its own copy of every step (`Path` is
+    /// `(AllowPath, A)`): with one copy shared by two kinds (`f64` and
+    /// `Duration` in one program), the steps they shared (the hot-key
+    /// probe's thread-local access, the table lookup) were left out of
+    /// line in both, 58 instructions more a call (paired-harness
+    /// callgrind).
     #[inline(never)]
-    fn admit_at<Q>(&self, key: &Q, now: Option<Nanos>, cost: u64, quota: &Quota) -> bool
+    pub(super) fn admit<Q, A: Into<At>>(&self, key: &Q, at: A, cost: u64, quota: &Quota) -> bool
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.spend_inline::<AllowPath, Q>(key, now, cost, quota)
+        let now = at.into().nanos(&*self.clock);
+        self.spend_inline::<(AllowPath, A), Q>(key, now, cost, quota)
             .is_ok()
     }
 
