@@ -17,8 +17,10 @@
 
 mod build;
 mod calls;
+mod cell;
 mod charge;
 pub(crate) mod decide;
+mod hot;
 mod limiter;
 mod outcome;
 mod policy;
