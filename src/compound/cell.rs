@@ -96,6 +96,7 @@ impl Cell {
 
     /// The words at one instant, without writing anything (words past the
     /// cell's are 0, full), or `Ok(None)` if writers kept it busy.
+    #[inline]
     pub(crate) fn read(&self) -> Result<Option<Words>, Retired> {
         for _ in 0..READ_TRIES {
             // Acquire pairs with the Release store that let the last
@@ -125,6 +126,7 @@ impl Cell {
 
     /// Takes the cell's lock (spinning while another writer holds it),
     /// unless it is retired.
+    #[inline]
     pub(crate) fn lock(&self) -> Result<Locked<'_>, Retired> {
         // Relaxed: a first look; the compare-and-swap below decides.
         let mut state = self.state.load(Ordering::Relaxed);
@@ -172,6 +174,7 @@ impl Cell {
     }
 
     /// The words, each loaded Relaxed (the state orders them).
+    #[inline]
     fn load_words(&self) -> Words {
         let mut words = [Nanos::ZERO; MAX_QUOTAS];
         for (word, atomic) in words.iter_mut().zip(&self.words) {
@@ -222,6 +225,7 @@ pub(crate) struct Locked<'a> {
 
 impl Locked<'_> {
     /// Stores the words back when the lock is let go.
+    #[inline]
     pub(crate) fn commit(&mut self) {
         self.changed = true;
     }
@@ -235,6 +239,7 @@ impl Locked<'_> {
 }
 
 impl Drop for Locked<'_> {
+    #[inline]
     fn drop(&mut self) {
         if self.changed {
             for (atomic, word) in self.cell.words.iter().zip(self.words) {

@@ -15,15 +15,28 @@ pub(super) const INLINE_SCOPES: usize = 8;
 /// the call could lock it, and the call must look its keys up again.
 pub(super) type Charged = Result<Result<CompoundDecision, CompoundDenial>, Retired>;
 
-/// Charges one scope's cell, locked: all of its quotas or none.
+/// Charges one scope's cell, locked: all of its quotas or none. Each
+/// quota's word is decided once: the words `decide` returns are kept
+/// only if every quota admits (the same words [`decide::apply`] writes
+/// after [`decide::verdict`]); a denial is then described by `verdict`.
+#[inline]
 pub(super) fn charge_locked(
     locked: &mut Locked<'_>,
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
-    decide::verdict(std::iter::once((0, &locked.words, policy)), now, cost)?;
-    decide::apply(&mut locked.words, policy, now, cost);
+    let mut next = locked.words;
+    for (word, q) in next.iter_mut().zip(policy.quotas()) {
+        match crate::gcra::decide(*word, now, cost, q) {
+            Ok(spent) => *word = spent,
+            Err(_) => {
+                decide::verdict(std::iter::once((0, &locked.words, policy)), now, cost)?;
+                unreachable!("a quota that denies makes the verdict a denial");
+            }
+        }
+    }
+    locked.words = next;
     locked.commit();
     Ok(decide::summary(
         std::iter::once((0, &locked.words, policy)),
@@ -34,6 +47,7 @@ pub(super) fn charge_locked(
 /// Charges one scope's cell (held outside the map: a thread's cache). A
 /// consistent read that denies is the outcome, with nothing written; an
 /// admission is decided again under the cell's lock.
+#[inline]
 pub(super) fn charge_read_first(
     cell: &Cell,
     policy: &crate::Policy,

@@ -4,10 +4,11 @@
 //! Taking a shard's lock writes its lock word, a line that every core
 //! calling that shard takes turns to own: on a hammered key that write,
 //! not the decision, limits throughput. So each thread counts the keys of
-//! its one-scope calls that went to the map, and a key that comes back
-//! [`PROMOTE_AFTER`] times in its vote slot (with no other key of that
-//! slot in between) gets its cell cached in the thread, with a copy of
-//! the key. A cached call reads the cell's words without writing
+//! its one-scope calls that went to the map (one lookup in
+//! [`VOTE_ONE_IN`] votes, at random), and a key that wins
+//! [`PROMOTE_AFTER`] votes in a row in its vote slot (no other key of that
+//! slot voting in between) gets its cell cached in the thread, with a
+//! copy of the key. A cached call reads the cell's words without writing
 //! anything (`Cell::read`), so a denial served here writes no shared
 //! memory at all; an admission locks only the cell.
 //!
@@ -26,6 +27,7 @@
 //! read/retire protocol.
 
 use super::cell::Cell;
+use crate::dice::Dice;
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use crate::sync::Arc;
 use std::any::Any;
@@ -38,12 +40,23 @@ const WAYS: usize = 8;
 /// Vote slots per thread; a power of two.
 const VOTES: usize = 64;
 
-/// Lookups in a row (in its vote slot) that promote a key.
+/// Votes in a row (in its vote slot) that promote a key: with one lookup
+/// in [`VOTE_ONE_IN`] voting, a key hammered alone is cached after about
+/// 64 calls.
 #[cfg(not(loom))]
 const PROMOTE_AFTER: u32 = 16;
 /// Under loom, a key's second lookup promotes it.
 #[cfg(loom)]
 const PROMOTE_AFTER: u32 = 1;
+
+/// One lookup in this many votes, picked at random (not every fourth:
+/// keys called in turn would alias with a fixed stride), so that random
+/// traffic over many keys pays for a vote a quarter of the time.
+#[cfg(not(loom))]
+const VOTE_ONE_IN: u64 = 4;
+/// Under loom, every lookup votes.
+#[cfg(loom)]
+const VOTE_ONE_IN: u64 = 1;
 
 /// Gives every limiter its own identity in the caches; never reused.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -83,6 +96,11 @@ struct Cache {
     /// probe reads one line.
     hashes: [u64; WAYS],
     ways: [Option<Entry>; WAYS],
+    /// How many ways hold an entry: a probe of an empty cache (random
+    /// traffic) reads no way.
+    cached: usize,
+    /// Picks the lookups that vote (see [`VOTE_ONE_IN`]).
+    dice: Dice,
     /// The way the next promotion takes when none is free.
     next: usize,
     /// Each slot's last tag (see [`tag_of`]) and how many lookups in a
@@ -95,6 +113,8 @@ impl Cache {
         Box::new(Cache {
             hashes: [0; WAYS],
             ways: std::array::from_fn(|_| None),
+            cached: 0,
+            dice: Dice::new(),
             next: 0,
             votes: [(0, 0); VOTES],
         })
@@ -185,16 +205,20 @@ impl HotCells {
                     return Probe::Miss { promote: false };
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
-                let way = (0..WAYS).find(|&way| {
-                    cache.hashes[way] == hash
-                        && cache.ways[way].as_ref().is_some_and(|entry| {
-                            entry.limiter == self.id
-                                && entry
-                                    .key
-                                    .downcast_ref::<K>()
-                                    .is_some_and(|cached| cached.borrow() == key)
-                        })
-                });
+                let way = if cache.cached == 0 {
+                    None
+                } else {
+                    (0..WAYS).find(|&way| {
+                        cache.hashes[way] == hash
+                            && cache.ways[way].as_ref().is_some_and(|entry| {
+                                entry.limiter == self.id
+                                    && entry
+                                        .key
+                                        .downcast_ref::<K>()
+                                        .is_some_and(|cached| cached.borrow() == key)
+                            })
+                    })
+                };
                 if let Some(way) = way {
                     if let Some(entry) = cache.ways[way].as_ref() {
                         if let Some(result) = f(&entry.cell) {
@@ -202,11 +226,12 @@ impl HotCells {
                         }
                         // Retired: forget it, under the borrow (a reentrant
                         // call from `K`'s drop finds the cache busy).
+                        cache.cached -= 1;
                         drop(cache.ways[way].take());
                     }
                 }
                 Probe::Miss {
-                    promote: cache.vote(tag_of(self.id, hash)),
+                    promote: cache.dice.one_in(VOTE_ONE_IN) && cache.vote(tag_of(self.id, hash)),
                 }
             })
             .unwrap_or(Probe::Miss { promote: false })
@@ -236,6 +261,9 @@ impl HotCells {
                     cache.next
                 });
             let evicted = cache.ways[way].replace(entry);
+            if evicted.is_none() {
+                cache.cached += 1;
+            }
             cache.hashes[way] = hash;
             // Dropped under the borrow: a reentrant call from `K`'s drop
             // finds the cache busy and goes to the map.

@@ -30,7 +30,7 @@ use super::decide;
 use super::policy::MAX_QUOTAS;
 use crate::sync::{Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -41,8 +41,10 @@ const SHARDS: usize = 64;
 #[cfg(loom)]
 const SHARDS: usize = 1;
 
-/// One shard: its keys' cells.
-type Shard<K, S> = Lock<HashMap<K, Arc<Cell>, S>>;
+/// One shard: its keys and their cells, placed by the store's hash (a
+/// table, not a map, so that a call hashes its key once, for its shard,
+/// its place here and a thread's cache).
+type Shard<K> = Lock<HashTable<(K, Arc<Cell>)>>;
 
 /// A new key could not be stored: the map holds `max_keys`.
 #[derive(Debug)]
@@ -50,7 +52,7 @@ pub(crate) struct Full;
 
 pub(crate) struct Store<K, S> {
     hasher: S,
-    shards: Box<[Shard<K, S>]>,
+    shards: Box<[Shard<K>]>,
     /// Entries over all shards. Changed under the entry's shard lock, read
     /// by the cap's reservation; it publishes nothing (see `reserve`).
     len: AtomicUsize,
@@ -60,9 +62,7 @@ pub(crate) struct Store<K, S> {
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     pub(crate) fn new(hasher: S) -> Self {
-        let shards = (0..SHARDS)
-            .map(|_| Lock::new(HashMap::with_hasher(hasher.clone())))
-            .collect();
+        let shards = (0..SHARDS).map(|_| Lock::new(HashTable::new())).collect();
         Store {
             hasher,
             shards,
@@ -89,7 +89,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         self.hasher.hash_one(key)
     }
 
-    fn shard(&self, hash: u64) -> &Shard<K, S> {
+    fn shard(&self, hash: u64) -> &Shard<K> {
         // Bits hashbrown does not use for its own tags or low bucket bits.
         &self.shards[((hash >> 32) as usize) % self.shards.len()]
     }
@@ -100,7 +100,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(self.hash(key)).lock().get(key).cloned()
+        let hash = self.hash(key);
+        let shard = self.shard(hash).lock();
+        let entry = shard.find(hash, |(k, _)| k.borrow() == key)?;
+        Some(Arc::clone(&entry.1))
     }
 
     /// The key's cell of at least `len` words, made (full) or lengthened
@@ -131,7 +134,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut shard = self.shard(hash).lock();
-        if let Some(cell) = shard.get_mut(key) {
+        if let Some((_, cell)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
             if cell.len() < len {
                 *cell = lengthened(cell, len);
             }
@@ -140,7 +143,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         self.reserve()?;
         let cell = Cell::new(len);
         let result = f(&cell);
-        shard.insert(key.to_owned(), cell);
+        let hasher = &self.hasher;
+        shard.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
         Ok(result)
     }
 
@@ -164,7 +168,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         for shard in self.shards.iter() {
             let mut map = shard.lock();
             let before = map.len();
-            map.retain(|_, cell| match cell.lock() {
+            map.retain(|(_, cell)| match cell.lock() {
                 Ok(mut locked) => {
                     let full = decide::all_full(&locked.words, now);
                     if full {
