@@ -46,20 +46,21 @@ pub(super) fn charge_locked(
 
 /// Charges one scope's cell (held outside the map: a thread's cache). A
 /// consistent read that denies is the outcome, with nothing written; an
-/// admission is decided again under the cell's lock.
+/// admission is decided again under the cell's lock. `None` if the cell
+/// is retired: nothing was spent, and the call goes to the map.
 #[inline]
 pub(super) fn charge_read_first(
     cell: &Cell,
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
-) -> Charged {
-    if let Some(words) = cell.read()? {
+) -> Option<Result<CompoundDecision, CompoundDenial>> {
+    if let Some(words) = cell.read().ok()? {
         if let Err(denial) = decide::verdict(std::iter::once((0, &words, policy)), now, cost) {
-            return Ok(Err(denial));
+            return Some(Err(denial));
         }
     }
-    Ok(charge_locked(&mut cell.lock()?, policy, now, cost))
+    Some(charge_locked(&mut cell.lock().ok()?, policy, now, cost))
 }
 
 /// Locks every cell in the global order (by address: cells are distinct,

@@ -246,9 +246,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         let len = policy.quotas().len();
         let cached = |cell: &Cell| {
             // A cell too short for this policy is lengthened in the map.
-            (cell.len() >= len)
-                .then(|| charge_read_first(cell, policy, now, cost).ok())
-                .flatten()
+            if cell.len() < len {
+                return None;
+            }
+            charge_read_first(cell, policy, now, cost)
         };
         let promote = match self.hot.probe::<K, Q, _>(hash, key, cached) {
             Probe::Hit(decided) => return decided,
