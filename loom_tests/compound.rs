@@ -137,7 +137,11 @@ fn compound_scopes_never_deadlock() {
 
 /// The deadlock twin runs in a child process: loom reports a deadlock by
 /// panicking, and the unwinding then drops loom's locks after their
-/// execution is gone, which aborts the whole process.
+/// execution is gone, which aborts the whole process. A compound cell's
+/// lock spins (yielding, under loom), so two calls that each hold the
+/// lock the other waits for spin for ever: loom reports that as a model
+/// that exceeded its branches (a shard's lock, loom's own mutex, would be
+/// reported as a deadlock).
 #[test]
 fn broken_compound_lock_in_call_order() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
@@ -153,7 +157,7 @@ fn broken_compound_lock_in_call_order() {
     let text = String::from_utf8_lossy(&out.stderr) + String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "the twin passed: {text}");
     assert!(
-        text.contains("deadlock"),
+        text.contains("deadlock") || text.contains("maximum number of branches"),
         "the twin failed otherwise: {text}"
     );
 }

@@ -29,12 +29,14 @@
 //! | `hot_keys.rs` | model 11: a hot-key cache's spend racing a sweep |
 //! | `reset.rs` | model 12: a reset racing spends and the sweep's retirement |
 //! | `compound.rs` | models 13 and 14: compound calls all or nothing; scopes locked in one order, no deadlock |
+//! | `compound_reads.rs` | models 15 and 16: a compound denial read lock-free vs an admission; a cached compound spend vs the sweep's retirement |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
 mod compound;
+mod compound_reads;
 mod concurrency;
 mod counters;
 mod eviction;

@@ -80,6 +80,15 @@ pub enum Flaw {
     /// scopes, not the global one: two calls on the same keys in opposite
     /// orders can each hold one lock and wait for the other.
     CompoundLockInCallOrder,
+    /// A compound cell's lock-free read keeps the words it loaded without
+    /// loading the state again: a read that raced an admission's stores
+    /// decides on torn words (some written, some not), and its denial
+    /// reports a wait that no sequential order gives.
+    CompoundReadWithoutRecheck,
+    /// A compound cell's lock is taken even when the cell is retired: a
+    /// cached call spends on a cell the sweep has removed from the map,
+    /// and the spend is lost.
+    CompoundSpendIgnoringRetired,
 }
 
 std::thread_local! {

@@ -63,20 +63,16 @@ pub(crate) fn spin() {
     loom::thread::yield_now();
 }
 
-/// A small lock held for a few words at a time (a compound bucket's
-/// words, a compound store's shard): `parking_lot`'s mutex, or under
-/// `cfg(loom)` loom's, behind the same `lock()` that returns the guard.
+/// A small lock held for a hash lookup at a time (a compound store's
+/// shard): `parking_lot`'s mutex, or under `cfg(loom)` loom's, behind the
+/// same `lock()` that returns the guard.
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Mutex as Lock, MutexGuard as LockGuard};
+pub(crate) use parking_lot::Mutex as Lock;
 
 /// See the `cfg(not(loom))` item of the same name.
 #[cfg(loom)]
 #[derive(Debug, Default)]
 pub(crate) struct Lock<T>(loom::sync::Mutex<T>);
-
-/// See the `cfg(not(loom))` item of the same name.
-#[cfg(loom)]
-pub(crate) type LockGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
 #[cfg(loom)]
 impl<T> Lock<T> {
@@ -86,7 +82,7 @@ impl<T> Lock<T> {
 
     /// Takes the lock. A poisoned lock (a panic while it was held, which
     /// only a failing model causes) is taken anyway, as `parking_lot` does.
-    pub(crate) fn lock(&self) -> LockGuard<'_, T> {
+    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

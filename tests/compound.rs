@@ -281,3 +281,52 @@ fn threads_charging_overlapping_scopes() {
         }
     }
 }
+
+/// A key hammered from one thread is served from that thread's cache of
+/// hot cells (lock-free denials, admissions under the cell's lock), and
+/// through sweeps that retire its cell and policies that lengthen it,
+/// every answer equals a limiter's without the cache.
+#[test]
+fn the_hot_key_cache_changes_no_decision() {
+    let sec = 1_000_000_000;
+    let one = Policy::new([quota(sec, 3)]).unwrap();
+    let three = Policy::new([quota(sec, 3), quota(3 * sec, 5), quota(sec / 2, 8)]).unwrap();
+    let cached = CompoundLimiter::new();
+    let plain = CompoundLimiter::new().with_hot_key_cache(false);
+    // A small generator of costs and steps: the test needs no seed.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) % n
+    };
+    let mut now = 0u64;
+    for call in 0..20_000u64 {
+        now += next(400_000_000);
+        let at = Duration::from_nanos(now);
+        let key = if next(8) == 0 { "other" } else { "hot" };
+        // The policy lengthens from one quota to three after a while, and
+        // back (a shorter policy keeps the longer cell).
+        let policy = if (call / 3_000) % 2 == 1 {
+            &three
+        } else {
+            &one
+        };
+        if next(500) == 0 {
+            assert_eq!(cached.sweep(at), plain.sweep(at), "sweep at call {call}");
+        }
+        let cost = next(4);
+        assert_eq!(
+            cached.check(key, policy, at, cost),
+            plain.check(key, policy, at, cost),
+            "call {call}"
+        );
+        assert_eq!(
+            cached.remaining(key, policy, at),
+            plain.remaining(key, policy, at)
+        );
+        assert_eq!(cached.len(), plain.len());
+    }
+    assert_eq!(cached.stats(), plain.stats());
+}

@@ -1,5 +1,6 @@
 //! Making and configuring the in-memory compound limiter.
 
+use super::hot::HotCells;
 use super::limiter::CompoundLimiter;
 use super::stats::CompoundCounters;
 use super::store::Store;
@@ -50,6 +51,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             store: Store::new(hasher),
             clock: std::sync::Arc::new(MonotonicClock::new()),
             counters: CompoundCounters::new(),
+            hot: HotCells::new(),
         }
     }
 
@@ -91,6 +93,27 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     #[must_use]
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.store.set_max_keys(max_keys);
+        self
+    }
+
+    /// Whether a thread that keeps calling one key with one scope
+    /// caches that key's bucket (on by default): its later calls on the
+    /// key then take no shard lock, and a denial reads the bucket without
+    /// writing anything. Decisions do not change; a thread's cache holds
+    /// at most 8 buckets, and never keeps one from the sweep.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, Policy, Quota};
+    ///
+    /// let limiter = CompoundLimiter::new().with_hot_key_cache(false);
+    /// let policy = Policy::from(Quota::new(1.0, 1).unwrap());
+    /// assert!(limiter.check("k", &policy, 0.0, 1).is_ok());
+    /// ```
+    #[must_use]
+    pub fn with_hot_key_cache(mut self, on: bool) -> Self {
+        self.hot.set_on(on);
         self
     }
 

@@ -179,7 +179,7 @@ pub trait AsyncCompound<Q: ?Sized + Sync = str>: Sync {
 /// # The calls, through the traits
 impl<K, S, Q> Compound<Q> for CompoundLimiter<K, S>
 where
-    K: Hash + Eq + Borrow<Q>,
+    K: Hash + Eq + Borrow<Q> + 'static,
     S: BuildHasher + Clone,
     Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
 {
@@ -206,7 +206,7 @@ where
 
 impl<K, S, Q> AsyncCompound<Q> for CompoundLimiter<K, S>
 where
-    K: Hash + Eq + Borrow<Q> + Send + Sync,
+    K: Hash + Eq + Borrow<Q> + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync,
     Q: Hash + Eq + ToOwned<Owned = K> + Sync + ?Sized,
 {

@@ -1,57 +1,138 @@
-//! The in-memory compound charge: every bucket of a call locked in one
-//! global order, decided, then written all or not at all.
+//! The in-memory compound charge: a one-scope call decided on its cell,
+//! lock-free when it is denied; a call of several scopes with every cell
+//! locked in one global order, decided, then written all or not at all.
 
+use super::cell::{Cell, Locked, Retired};
 use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
-use super::store::Cell;
-use crate::sync::{Arc, LockGuard};
+use crate::sync::Arc;
 use crate::time::Nanos;
 
-/// Charges one scope's words, already locked: all of its quotas or none.
-pub(super) fn charge_one(
-    words: &mut decide::Words,
+/// Scopes a call handles with no allocation; more take a `Vec`.
+pub(super) const INLINE_SCOPES: usize = 8;
+
+/// A call's outcome, or [`Retired`]: one of its cells left the map before
+/// the call could lock it, and the call must look its keys up again.
+pub(super) type Charged = Result<Result<CompoundDecision, CompoundDenial>, Retired>;
+
+/// Charges one scope's cell, locked: all of its quotas or none. Each
+/// quota's word is decided once: the words `decide` returns are kept
+/// only if every quota admits (the same words [`decide::apply`] writes
+/// after [`decide::verdict`]); a denial is then described by `verdict`.
+#[inline]
+pub(super) fn charge_locked(
+    locked: &mut Locked<'_>,
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
-    decide::verdict(std::iter::once((0, &*words, policy)), now, cost)?;
-    decide::apply(words, policy, now, cost);
-    Ok(decide::summary(std::iter::once((0, &*words, policy)), now))
+    let mut next = locked.words;
+    for (word, q) in next.iter_mut().zip(policy.quotas()) {
+        match crate::gcra::decide(*word, now, cost, q) {
+            Ok(spent) => *word = spent,
+            Err(_) => {
+                decide::verdict(std::iter::once((0, &locked.words, policy)), now, cost)?;
+                unreachable!("a quota that denies makes the verdict a denial");
+            }
+        }
+    }
+    locked.words = next;
+    locked.commit();
+    Ok(decide::summary(
+        std::iter::once((0, &locked.words, policy)),
+        now,
+    ))
+}
+
+/// Charges one scope's cell (held outside the map: a thread's cache). A
+/// consistent read that denies is the outcome, with nothing written; an
+/// admission is decided again under the cell's lock. `None` if the cell
+/// is retired: nothing was spent, and the call goes to the map.
+#[inline]
+pub(super) fn charge_read_first(
+    cell: &Cell,
+    policy: &crate::Policy,
+    now: Nanos,
+    cost: u64,
+) -> Option<Result<CompoundDecision, CompoundDenial>> {
+    if let Some(words) = cell.read().ok()? {
+        if let Err(denial) = decide::verdict(std::iter::once((0, &words, policy)), now, cost) {
+            return Some(Err(denial));
+        }
+    }
+    Some(charge_locked(&mut cell.lock().ok()?, policy, now, cost))
 }
 
 /// Locks every cell in the global order (by address: cells are distinct,
 /// since keys are, and every call orders any two cells the same way, so no
 /// two calls can each hold a lock the other waits for), decides, and
-/// writes every word or none, all under the locks.
+/// writes every word or none, all under the locks. `cells[i]` is scope
+/// `i`'s (always `Some`).
 pub(super) fn charge<Q: ?Sized>(
-    cells: &[Arc<Cell>],
+    cells: &[Option<Arc<Cell>>],
     scopes: &[(&Q, &crate::Policy)],
     now: Nanos,
     cost: u64,
-) -> Result<CompoundDecision, CompoundDenial> {
-    let mut order: Vec<usize> = (0..cells.len()).collect();
+) -> Charged {
+    if cells.len() <= INLINE_SCOPES {
+        let mut order = [0; INLINE_SCOPES];
+        let mut guards: [Option<Locked<'_>>; INLINE_SCOPES] = Default::default();
+        let n = cells.len();
+        charge_in(cells, scopes, now, cost, &mut order[..n], &mut guards[..n])
+    } else {
+        let mut order = vec![0; cells.len()];
+        let mut guards: Vec<Option<Locked<'_>>> = cells.iter().map(|_| None).collect();
+        charge_in(cells, scopes, now, cost, &mut order, &mut guards)
+    }
+}
+
+/// [`charge`] with its scratch space: `order` and `guards` as long as
+/// `cells`.
+fn charge_in<'a, Q: ?Sized>(
+    cells: &'a [Option<Arc<Cell>>],
+    scopes: &[(&Q, &crate::Policy)],
+    now: Nanos,
+    cost: u64,
+    order: &mut [usize],
+    guards: &mut [Option<Locked<'a>>],
+) -> Charged {
+    let cell = |i: usize| cells[i].as_deref().expect("every scope has its cell");
+    for (i, slot) in order.iter_mut().enumerate() {
+        *slot = i;
+    }
     // The deadlock twin (loom model 14) takes the locks in the call's order.
     #[cfg(loom)]
     let sorted = !crate::flaw::flawed(crate::flaw::Flaw::CompoundLockInCallOrder);
     #[cfg(not(loom))]
     let sorted = true;
     if sorted {
-        order.sort_unstable_by_key(|&i| cells[i].address());
+        order.sort_unstable_by_key(|&i| cell(i).address());
     }
-    let mut guards: Vec<(usize, LockGuard<'_, decide::Words>)> =
-        order.iter().map(|&i| (i, cells[i].lock())).collect();
-    decide::verdict(
-        guards.iter().map(|(i, words)| (*i, &**words, scopes[*i].1)),
-        now,
-        cost,
-    )?;
-    for (i, words) in &mut guards {
-        decide::apply(words, scopes[*i].1, now, cost);
+    for (guard, &i) in guards.iter_mut().zip(&*order) {
+        // A retired cell lets go of the locks taken so far (on return).
+        *guard = Some(cell(i).lock()?);
     }
-    Ok(decide::summary(
-        guards.iter().map(|(i, words)| (*i, &**words, scopes[*i].1)),
-        now,
-    ))
+    if let Err(denial) = decide::verdict(locked(guards, order, scopes), now, cost) {
+        return Ok(Err(denial));
+    }
+    for (guard, &i) in guards.iter_mut().zip(&*order) {
+        let guard = guard.as_mut().expect("every cell is locked");
+        decide::apply(&mut guard.words, scopes[i].1, now, cost);
+        guard.commit();
+    }
+    Ok(Ok(decide::summary(locked(guards, order, scopes), now)))
+}
+
+/// The locked words of a call, as `decide` takes them.
+fn locked<'b, Q: ?Sized>(
+    guards: &'b [Option<Locked<'_>>],
+    order: &'b [usize],
+    scopes: &'b [(&Q, &'b crate::Policy)],
+) -> impl Iterator<Item = (usize, &'b decide::Words, &'b crate::Policy)> {
+    guards.iter().zip(order).map(|(guard, &i)| {
+        let words = &guard.as_ref().expect("every cell is locked").words;
+        (i, words, scopes[i].1)
+    })
 }
 
 /// The broken twin of [`charge`] (loom model 13): checks every quota
@@ -59,36 +140,47 @@ pub(super) fn charge<Q: ?Sized>(
 /// under its own lock, so that two calls can both pass the check.
 #[cfg(loom)]
 pub(super) fn charge_check_then_spend<Q: ?Sized>(
-    cells: &[Arc<Cell>],
+    cells: &[Option<Arc<Cell>>],
     scopes: &[(&Q, &crate::Policy)],
     now: Nanos,
     cost: u64,
-) -> Result<CompoundDecision, CompoundDenial> {
+) -> Charged {
+    let cells: Vec<&Cell> = cells.iter().flatten().map(|cell| &**cell).collect();
     {
-        let guards: Vec<_> = cells.iter().map(|cell| cell.lock()).collect();
-        decide::verdict(
+        let guards = cells
+            .iter()
+            .map(|cell| cell.lock())
+            .collect::<Result<Vec<_>, _>>()?;
+        let checked = decide::verdict(
             guards
                 .iter()
                 .enumerate()
-                .map(|(i, words)| (i, &**words, scopes[i].1)),
+                .map(|(i, locked)| (i, &locked.words, scopes[i].1)),
             now,
             cost,
-        )?;
+        );
+        if let Err(denial) = checked {
+            return Ok(Err(denial));
+        }
     }
     for (cell, &(_, policy)) in cells.iter().zip(scopes) {
         for (quota, q) in policy.quotas().iter().enumerate() {
-            let mut words = cell.lock();
-            if let Ok(next) = crate::gcra::decide(words[quota], now, cost, q) {
-                words[quota] = next;
+            let mut locked = cell.lock()?;
+            if let Ok(next) = crate::gcra::decide(locked.words[quota], now, cost, q) {
+                locked.words[quota] = next;
+                locked.commit();
             }
         }
     }
-    let guards: Vec<_> = cells.iter().map(|cell| cell.lock()).collect();
-    Ok(decide::summary(
+    let guards = cells
+        .iter()
+        .map(|cell| cell.lock())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Ok(decide::summary(
         guards
             .iter()
             .enumerate()
-            .map(|(i, words)| (i, &**words, scopes[i].1)),
+            .map(|(i, locked)| (i, &locked.words, scopes[i].1)),
         now,
-    ))
+    )))
 }

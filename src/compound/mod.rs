@@ -2,23 +2,29 @@
 //! per call, charged all or nothing ([`CompoundLimiter`]).
 //!
 //! Apart from the single-quota limiter on purpose: its one-word buckets
-//! and their lock-free paths are untouched. Here a key's bucket is up to
-//! [`MAX_QUOTAS`] words under one small lock (`store::Cell`), and a call
-//! takes the locks of all its keys' buckets in one global order (their
-//! addresses), decides every quota with [`gcra::decide`](crate::gcra),
-//! and writes every word or none. See `docs/compound.md`.
+//! and their lock-free paths are untouched. Here a key's bucket is a cell
+//! of 1 to [`MAX_QUOTAS`] words behind a sequence lock (`cell::Cell`): a
+//! call of one scope decides on a lock-free read, and a denial returns
+//! with nothing written; an admission, and a call of several scopes,
+//! takes the cells' locks in one global order (their addresses), decides
+//! every quota with [`gcra::decide`](crate::gcra), and writes every word
+//! or none. A thread that keeps calling one key caches its cell
+//! (`hot::HotCells`) and takes no shard lock. See `docs/compound.md`.
 //!
 //! Files: `policy.rs` (the quotas of one key), `outcome.rs` (decisions
 //! and denials), `decide.rs` (the rule as pure arithmetic on words, shared
 //! with the Redis backend), `calls.rs` (the traits every compound backend
 //! answers), `limiter.rs` (the in-memory front end), `build.rs` (making and
-//! configuring it), `charge.rs` (its
-//! locking), and `store.rs` (its keyed store).
+//! configuring it), `charge.rs` (its locking), `cell.rs` (a key's words
+//! and their sequence lock), `hot.rs` (the per-thread caches of hot
+//! cells), and `store.rs` (its keyed store).
 
 mod build;
 mod calls;
+mod cell;
 mod charge;
 pub(crate) mod decide;
+mod hot;
 mod limiter;
 mod outcome;
 mod policy;

@@ -8,22 +8,29 @@
 //!
 //! # Eviction
 //!
-//! A call clones a key's `Arc` under its shard's lock, then locks and
-//! charges the bucket with no shard lock held. The sweep removes an entry
-//! under the shard's lock only when the map holds the only reference to
-//! its `Arc` (`Arc::get_mut`) and every word is full. No call can hold
-//! that bucket then, and none can get it without the shard's lock, so no
-//! spend can land on a removed bucket; a full bucket dropped is the same
-//! as a new one. Lock order: a shard's lock, then a bucket's, never the
-//! other way (a call of one key holds both while it decides; a call of
-//! several holds bucket locks only).
+//! The sweep, under a shard's lock, locks each of its cells and, when
+//! every word is full, marks the cell retired and removes it, in that one
+//! step. A call that holds the cell (a thread's cache of hot cells, or a
+//! call of several scopes that cloned its `Arc` from the map) then finds
+//! it retired when it locks or reads it, spends nothing on it, and goes
+//! back to the map, where a missing bucket is a full one: so no spend can
+//! land on a removed bucket, and a full bucket dropped is the same as a
+//! new one. A retired cell lives on only in the caches that still hold
+//! it, a few per thread (see `hot.rs`). Lock order: a shard's lock, then a
+//! cell's, never the other way (a call of one key holds both while it
+//! decides through the map; a call of several holds cell locks only).
+//!
+//! A cell holds as many words as the policy that made it has quotas; a
+//! call whose policy has more finds it too short, and the map replaces it
+//! (under the shard's lock) by a longer copy, retiring the old one.
 
-use super::decide::{self, Words};
+use super::cell::{Cell, Retired};
+use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
-use crate::sync::{Arc, AtomicUsize, Lock, LockGuard, Ordering};
+use crate::sync::{Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -34,28 +41,10 @@ const SHARDS: usize = 64;
 #[cfg(loom)]
 const SHARDS: usize = 1;
 
-/// One key's compound bucket: its words under one lock, read, decided and
-/// written together.
-#[derive(Debug, Default)]
-pub(crate) struct Cell {
-    words: Lock<Words>,
-}
-
-impl Cell {
-    /// Locks the words.
-    pub(crate) fn lock(&self) -> LockGuard<'_, Words> {
-        self.words.lock()
-    }
-
-    /// The cell's address: the global order in which a call takes the
-    /// locks of several cells (see `CompoundLimiter::check_scopes`).
-    pub(crate) fn address(&self) -> usize {
-        std::ptr::from_ref(self) as usize
-    }
-}
-
-/// One shard: its keys' cells.
-type Shard<K, S> = Lock<HashMap<K, Arc<Cell>, S>>;
+/// One shard: its keys and their cells, placed by the store's hash (a
+/// table, not a map, so that a call hashes its key once, for its shard,
+/// its place here and a thread's cache).
+type Shard<K> = Lock<HashTable<(K, Arc<Cell>)>>;
 
 /// A new key could not be stored: the map holds `max_keys`.
 #[derive(Debug)]
@@ -63,7 +52,7 @@ pub(crate) struct Full;
 
 pub(crate) struct Store<K, S> {
     hasher: S,
-    shards: Box<[Shard<K, S>]>,
+    shards: Box<[Shard<K>]>,
     /// Entries over all shards. Changed under the entry's shard lock, read
     /// by the cap's reservation; it publishes nothing (see `reserve`).
     len: AtomicUsize,
@@ -73,9 +62,7 @@ pub(crate) struct Store<K, S> {
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     pub(crate) fn new(hasher: S) -> Self {
-        let shards = (0..SHARDS)
-            .map(|_| Lock::new(HashMap::with_hasher(hasher.clone())))
-            .collect();
+        let shards = (0..SHARDS).map(|_| Lock::new(HashTable::new())).collect();
         Store {
             hasher,
             shards,
@@ -97,9 +84,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         self.len.load(Ordering::Relaxed)
     }
 
-    fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> &Shard<K, S> {
+    /// The key's hash: its shard, and its place in a thread's cache.
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, hash: u64) -> &Shard<K> {
         // Bits hashbrown does not use for its own tags or low bucket bits.
-        let hash = self.hasher.hash_one(key);
         &self.shards[((hash >> 32) as usize) % self.shards.len()]
     }
 
@@ -109,47 +100,51 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.shard(key).lock().get(key).cloned()
+        let hash = self.hash(key);
+        let shard = self.shard(hash).lock();
+        let entry = shard.find(hash, |(k, _)| k.borrow() == key)?;
+        Some(Arc::clone(&entry.1))
     }
 
-    /// The key's cell, made (full) if it has none, unless the map holds
-    /// `max_keys` entries.
-    pub(crate) fn get_or_insert<Q>(&self, key: &Q) -> Result<Arc<Cell>, Full>
+    /// The key's cell of at least `len` words, made (full) or lengthened
+    /// if need be, unless the map holds `max_keys` entries.
+    pub(crate) fn get_or_insert<Q>(&self, key: &Q, len: usize) -> Result<Arc<Cell>, Full>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut shard = self.shard(key).lock();
-        if let Some(cell) = shard.get(key) {
-            return Ok(Arc::clone(cell));
-        }
-        self.reserve()?;
-        let cell = Arc::new(Cell::default());
-        shard.insert(key.to_owned(), Arc::clone(&cell));
-        Ok(cell)
+        self.with_cell(self.hash(key), key, len, Arc::clone)
     }
 
-    /// Runs `f` on the key's words, made full if new (unless the map
-    /// holds `max_keys` entries), under its shard's lock and then its
-    /// own: the one lock order (a call of several keys holds bucket locks
-    /// only, and takes no shard lock meanwhile).
-    pub(crate) fn with_words<Q, T>(
+    /// Runs `f` on the key's cell of at least `len` words (whose hash is
+    /// `hash`), made full or lengthened if need be (unless the map holds
+    /// `max_keys` entries), under its shard's lock: no sweep can retire
+    /// the cell meanwhile. `f` may lock the cell (the one lock order: a
+    /// call of several keys holds cell locks only, and takes no shard
+    /// lock meanwhile).
+    pub(crate) fn with_cell<Q, T>(
         &self,
+        hash: u64,
         key: &Q,
-        f: impl FnOnce(&mut Words) -> T,
+        len: usize,
+        f: impl FnOnce(&Arc<Cell>) -> T,
     ) -> Result<T, Full>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut shard = self.shard(key).lock();
-        if let Some(cell) = shard.get(key) {
-            return Ok(f(&mut cell.lock()));
+        let mut shard = self.shard(hash).lock();
+        if let Some((_, cell)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
+            if cell.len() < len {
+                *cell = lengthened(cell, len);
+            }
+            return Ok(f(cell));
         }
         self.reserve()?;
-        let cell = Arc::new(Cell::default());
-        let result = f(&mut cell.lock());
-        shard.insert(key.to_owned(), cell);
+        let cell = Cell::new(len);
+        let result = f(&cell);
+        let hasher = &self.hasher;
+        shard.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
         Ok(result)
     }
 
@@ -166,18 +161,24 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             .map_err(|_| Full)
     }
 
-    /// Removes every entry that no call holds and whose words are all full
-    /// at `now`; returns how many it removed.
+    /// Removes every entry whose words are all full at `now`, retiring
+    /// its cell; returns how many it removed.
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut map = shard.lock();
             let before = map.len();
-            map.retain(|_, cell| match Arc::get_mut(cell) {
-                // Unique: no call holds it, and none can get it while the
-                // shard is locked.
-                Some(cell) => !decide::all_full(&cell.lock(), now),
-                None => true,
+            map.retain(|(_, cell)| match cell.lock() {
+                Ok(mut locked) => {
+                    let full = decide::all_full(&locked.words, now);
+                    if full {
+                        locked.retire();
+                    }
+                    !full
+                }
+                // Cells in the map are never retired (both happen under
+                // the shard's lock).
+                Err(Retired) => false,
             });
             removed += before - map.len();
         }
@@ -193,6 +194,21 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.get(key).map(|cell| cell.lock().map(Nanos::as_u64))
+        self.get(key)
+            .and_then(|cell| Some(cell.lock().ok()?.words.map(Nanos::as_u64)))
     }
+}
+
+/// A copy of `cell` of `len` words, the rest full; `cell` is retired
+/// (its holders go back to the map, and find the copy).
+fn lengthened(cell: &Cell, len: usize) -> Arc<Cell> {
+    let longer = Cell::new(len);
+    // Neither can be retired: `cell` is in the map, under its shard's
+    // lock, and `longer` is new.
+    if let (Ok(mut old), Ok(mut new)) = (cell.lock(), longer.lock()) {
+        new.words = old.words;
+        new.commit();
+        old.retire();
+    }
+    longer
 }

@@ -27,7 +27,7 @@ pub trait ObserveCompound: Send + Sync {
 
 impl<K, S> ObserveCompound for CompoundLimiter<K, S>
 where
-    K: Hash + Eq + Send + Sync,
+    K: Hash + Eq + Send + Sync + 'static,
     S: BuildHasher + Clone + Send + Sync,
 {
     fn backend(&self) -> Backend {

@@ -1,0 +1,149 @@
+//! Model 15: a compound denial decided on a lock-free read of a cached
+//! cell, racing an admission that spends on the same key: the denial is
+//! that of some sequential order, wait and binding quota included (a torn
+//! read, some words before the admission and some after, would report a
+//! wait that neither order gives).
+//! Model 16: a spend from a thread's cache of hot cells racing a sweep
+//! that retires the cell: the spend never lands on a retired cell, so it
+//! is never lost.
+//!
+//! Under loom the caches are per model thread, off unless a limiter turns
+//! them on, and a key is promoted on its second lookup through the map.
+
+use crate::support::{model, quota, SEC};
+use keyrate::loom_api::{self, Flaw};
+use keyrate::{CompoundDenial, CompoundLimiter, Policy, Quota};
+use loom::sync::Arc;
+use std::time::Duration;
+
+const NOW: Duration = Duration::from_secs(10);
+
+/// Quota 0: 1 token/s, capacity 2. Quota 1: one token every 3 s,
+/// capacity 3.
+fn two_quotas() -> Policy {
+    let slow = Quota::with_interval(Duration::from_nanos(3 * SEC), 3).unwrap();
+    Policy::new([quota(1.0, 2), slow]).unwrap()
+}
+
+/// A limiter whose key "k" has spent 1 (quota 0 holds 1, quota 1 holds
+/// 2), and is cached in the calling thread when `cache` is on (its second
+/// lookup, a denied call of cost 2, promotes it).
+fn spent_once(policy: &Policy, cache: bool) -> CompoundLimiter {
+    let limiter = CompoundLimiter::new().with_hot_key_cache(cache);
+    assert!(limiter.check("k", policy, NOW, 1).is_ok());
+    assert!(limiter.check("k", policy, NOW, 2).is_err());
+    limiter
+}
+
+/// What a run comes to: the admission's outcome, the denial, the words.
+type Outcome = (bool, Result<(), CompoundDenial>, [u64; 8]);
+
+/// The outcome of the admission (cost 1) and the read (cost 2) one after
+/// the other, `read_first` or not, on a limiter without caches.
+fn sequential(policy: &Policy, read_first: bool) -> Outcome {
+    let limiter = spent_once(policy, false);
+    let read = |l: &CompoundLimiter| l.check("k", policy, NOW, 2).map(drop);
+    let mut denial = Ok(());
+    if read_first {
+        denial = read(&limiter);
+    }
+    let admitted = limiter.check("k", policy, NOW, 1).is_ok();
+    if !read_first {
+        denial = read(&limiter);
+    }
+    let words = loom_api::compound_words(&limiter, "k").unwrap();
+    (admitted, denial, words)
+}
+
+/// The main thread's cached call of cost 2 (a lock-free read, and a
+/// denial in either order) races another thread's admission of cost 1
+/// through the map. With the read first, the call is denied by quota 0
+/// in 1 s; after the admission, by quota 1 in 3 s; a torn read (quota
+/// 0's word after the admission, quota 1's before) would say quota 0 in
+/// 2 s.
+fn a_read_races_an_admission() {
+    let policy = Arc::new(two_quotas());
+    let limiter = Arc::new(spent_once(&policy, true));
+    let admitter = {
+        let (limiter, policy) = (Arc::clone(&limiter), Arc::clone(&policy));
+        loom::thread::spawn(move || limiter.check("k", &policy, NOW, 1).is_ok())
+    };
+    // A step before the read at which loom may start the admitter: the
+    // read itself writes nothing, and without a step of the main thread's
+    // own here loom only ever ran the admitter after it (a torn read then
+    // went unseen by the broken twin).
+    loom::thread::yield_now();
+    let denial = limiter.check("k", &policy, NOW, 2).map(drop);
+    let admitted = admitter.join().expect("the admitter panicked");
+    let words = loom_api::compound_words(&limiter, "k").unwrap();
+    let outcome = (admitted, denial, words);
+    // The oracle runs after the race, so that its own calls add no
+    // steps to the interleavings explored.
+    let allowed = [sequential(&policy, true), sequential(&policy, false)];
+    assert!(
+        allowed.contains(&outcome),
+        "a torn read: {outcome:?} is no sequential order's: {allowed:?}"
+    );
+}
+
+#[test]
+fn compound_reads_are_consistent() {
+    model(
+        "15 compound: a cached lock-free denial vs an admission",
+        a_read_races_an_admission,
+    );
+}
+
+#[test]
+#[should_panic(expected = "a torn read")]
+fn broken_compound_read_without_recheck() {
+    loom_api::with_flaw(Flaw::CompoundReadWithoutRecheck, || {
+        model(
+            "15 broken: the read keeps its words without loading the state again",
+            a_read_races_an_admission,
+        )
+    });
+}
+
+/// "k" (quotas of capacity 2 and 4, 1 token/s each) is promoted into the
+/// main thread's cache by two spends at 0 s, so its cell is full again at
+/// 2 s: a sweep at 2 s races a third spend at 2 s that the cache serves.
+fn a_sweep_races_a_cached_spend() {
+    let policy = Arc::new(Policy::new([quota(1.0, 2), quota(1.0, 4)]).unwrap());
+    let limiter = Arc::new(CompoundLimiter::new().with_hot_key_cache(true));
+    assert!(limiter.check("k", &policy, 0.0, 1).is_ok());
+    assert!(limiter.check("k", &policy, 0.0, 1).is_ok());
+    let sweeper = {
+        let limiter = Arc::clone(&limiter);
+        loom::thread::spawn(move || limiter.sweep(2.0))
+    };
+    let admitted = limiter.check("k", &policy, 2.0, 1).is_ok();
+    let removed = sweeper.join().expect("the sweeper panicked");
+    assert!(admitted, "a full bucket admits");
+    assert!(removed <= 1);
+    assert_eq!(
+        limiter.remaining("k", &policy, 2.0),
+        Ok(1),
+        "an admitted spend was swallowed (removed {removed})"
+    );
+    assert_eq!(limiter.len(), 1);
+}
+
+#[test]
+fn compound_cached_spends_never_land_on_retired_cells() {
+    model(
+        "16 compound: a sweep vs a cached spend",
+        a_sweep_races_a_cached_spend,
+    );
+}
+
+#[test]
+#[should_panic(expected = "an admitted spend was swallowed")]
+fn broken_compound_spend_ignoring_retired() {
+    loom_api::with_flaw(Flaw::CompoundSpendIgnoringRetired, || {
+        model(
+            "16 broken: a cached spend locks a retired cell",
+            a_sweep_races_a_cached_spend,
+        )
+    });
+}
