@@ -222,7 +222,13 @@ fn profile(scenarios: &[(String, Spec, usize, Pick)], rounds: usize, which: usiz
         for round in 0..rounds {
             let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
             let fresh = keys + round * (SLICE / NEW_ONE_IN) as usize;
-            competitor.slice(1, pick, base, fresh);
+            match pick {
+                // As in the timed rounds: every key new, on a new limiter.
+                Pick::Fresh(_) => build(spec, &table)
+                    .swap_remove(which)
+                    .slice(1, pick, base, fresh),
+                _ => competitor.slice(1, pick, base, fresh),
+            };
         }
     }
 }

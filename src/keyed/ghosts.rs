@@ -3,23 +3,27 @@
 //! passes are then too short for the traffic) from a stream of keys that
 //! are each seen once (its passes should then stay short).
 //!
-//! A key is watched when its hash says so (one in [`SAMPLE`], by bits that
-//! neither the shards, hashbrown nor the hot-key cache use): when the sweep
-//! evicts a watched key, its fingerprint and the pass number go into one
-//! of [`SLOTS`] slots (direct-mapped, the newest wins); when a watched key
-//! gets a new bucket, its slot says whether it was evicted within the
-//! last [`HORIZON`] passes. The sweep's pacing reads the two counts once a
-//! pass. Nothing here decides what is evicted, so every access is
-//! `Relaxed` and uses `unmodeled` atomics: loom has nothing to check, and
-//! the models keep the pacing they had.
+//! The sweep records one eviction in [`SAMPLE`], picked at random, so that
+//! only those keys are hashed again (a key's hash is not kept in the map):
+//! the key's fingerprint and the pass number go into one of [`SLOTS`]
+//! slots (direct-mapped, the newest wins). Every new bucket's key (whose
+//! hash the creation has) is looked up in its slot: a match evicted
+//! within the last [`HORIZON`] passes is a return. The returns are
+//! compared with the creations counted one in [`SAMPLE`] (by bits of the
+//! hash that neither the shards, hashbrown nor the hot-key cache use), so
+//! that both counts are sampled at the same rate. The sweep's pacing reads
+//! the two counts once a pass. Nothing here decides what is evicted, so
+//! every access is `Relaxed` and uses `unmodeled` atomics: loom has
+//! nothing to check, and the models keep the pacing they had.
 
 use crate::sync::unmodeled::{AtomicU32, AtomicUsize, Relaxed};
 
-/// One key in this many is watched. Rare enough that a million keys
-/// evicted between two calls of each fill the slots about once over
-/// (a watched key's ghost then survives with odds of about 2 in 5, plenty
-/// to see that most new buckets are returning keys); common enough that a
-/// pass of 8192 creations watches about 32 of them.
+/// One eviction in this many is recorded, and one creation in this many
+/// counted. Rare enough that a million keys evicted between two calls of
+/// each fill the slots about once over (a recorded ghost then survives
+/// with odds of about 2 in 5, plenty to see that most new buckets are
+/// returning keys); common enough that a pass of 8192 creations counts
+/// about 32 of them.
 const SAMPLE: u64 = 256;
 
 /// Ghost slots: 16 KiB per limiter.
@@ -37,33 +41,35 @@ const HORIZON: u32 = 256;
 
 /// The sampled evictions and returns (see the module docs).
 pub(super) struct Ghosts {
-    /// Per slot: a watched key's fingerprint above `PASS_BITS` bits of the
-    /// pass number that evicted it; 0 when never written (a watched key
-    /// whose fingerprint is 0 then looks evicted in a pass numbered 0
-    /// modulo 4096: a rare and harmless false return).
+    /// Per slot: a recorded key's fingerprint above `PASS_BITS` bits of
+    /// the pass number that evicted it; 0 when never written (and ignored:
+    /// a key of fingerprint 0 evicted in a pass numbered 0 modulo 4096 is
+    /// a return missed, rare and harmless).
     slots: Box<[AtomicU32]>,
     /// The pass the automatic sweep is in: passes ended so far (wrapping).
     pass: AtomicU32,
-    /// Watched keys given a new bucket since the pacing last read this.
+    /// New buckets counted (one in [`SAMPLE`]) since the pacing last read
+    /// this.
     watched: AtomicUsize,
-    /// Of those, the keys evicted within the last `HORIZON` passes.
+    /// New buckets, all of them, whose key had a recorded ghost of the
+    /// last `HORIZON` passes since the pacing last read this.
     returned: AtomicUsize,
 }
 
-/// Where a watched key's ghost lives, and the fingerprint that tells it
-/// from the other keys of that slot; `None` for a key that is not watched.
-/// Under loom no key is watched: the model's map hashes every key to 0,
-/// and the models keep the pacing they were written for.
-fn ghost_of(hash: u64) -> Option<(usize, u32)> {
-    // Bits 32..40: not the shard's (49..57), hashbrown's tag (57..64),
-    // the hot-key sets' (8..13) or tags (24..32).
-    if cfg!(loom) || (hash >> 32) % SAMPLE != 0 {
-        return None;
-    }
+/// Where a key's ghost lives, and the fingerprint that tells it from the
+/// other keys of that slot.
+fn ghost_of(hash: u64) -> (usize, u32) {
     let slot = hash as usize % SLOTS;
     // The 20 bits above the slot's.
     let fingerprint = (hash >> 12) as u32 & ((1 << (32 - PASS_BITS)) - 1);
-    Some((slot, fingerprint << PASS_BITS))
+    (slot, fingerprint << PASS_BITS)
+}
+
+/// Whether a creation counts toward the returns' denominator: one key in
+/// [`SAMPLE`], by bits 32..40 of its hash (not the shard's, 49..57,
+/// hashbrown's tag, 57..64, the hot-key sets', 8..13, or tags, 24..32).
+fn counted(hash: u64) -> bool {
+    (hash >> 32) % SAMPLE == 0
 }
 
 impl Ghosts {
@@ -76,39 +82,66 @@ impl Ghosts {
         }
     }
 
-    /// The sweep evicted the key whose hash is `hash`.
+    /// Records that the sweep evicted the key whose hash is `hash`. The
+    /// sweep calls this for one eviction in [`SAMPLE`] (see
+    /// [`Ghosts::sampled`]).
     pub(super) fn evicted(&self, hash: u64) {
-        if let Some((slot, fingerprint)) = ghost_of(hash) {
-            // Relaxed, here and below: a ghost only paces the sweep
-            // (module docs); a stale pass number misdates it by one pass.
-            let tag = self.pass.load(Relaxed) & PASS_MASK;
-            self.slots[slot].store(fingerprint | tag, Relaxed);
-        }
+        let (slot, fingerprint) = ghost_of(hash);
+        // Relaxed, here and below: a ghost only paces the sweep (module
+        // docs); a stale pass number misdates it by one pass.
+        let tag = self.pass.load(Relaxed) & PASS_MASK;
+        self.slots[slot].store(fingerprint | tag, Relaxed);
+    }
+
+    /// Whether the sweep records this eviction: one in [`SAMPLE`], at
+    /// random (`one_in` draws from the calling thread's dice). Under loom
+    /// none is: the model's map hashes every key to 0, and the models keep
+    /// the pacing they were written for.
+    #[inline]
+    pub(super) fn sampled(one_in: impl FnOnce(usize) -> bool) -> bool {
+        !cfg!(loom) && one_in(SAMPLE as usize)
     }
 
     /// The key whose hash is `hash` got a new bucket.
     #[inline]
     pub(super) fn created(&self, hash: u64) {
-        if let Some((slot, fingerprint)) = ghost_of(hash) {
-            self.created_watched(slot, fingerprint);
+        if cfg!(loom) {
+            return;
+        }
+        if counted(hash) {
+            self.counted();
+        }
+        let (slot, fingerprint) = ghost_of(hash);
+        // Relaxed: counts for the pacing only (module docs).
+        let ghost = self.slots[slot].load(Relaxed);
+        if ghost & !PASS_MASK == fingerprint {
+            self.returned(ghost);
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn created_watched(&self, slot: usize, fingerprint: u32) {
+    fn counted(&self) {
         // Relaxed: counts for the pacing only (module docs).
         self.watched.fetch_add(1, Relaxed);
-        let ghost = self.slots[slot].load(Relaxed);
+    }
+
+    /// A new bucket's key matched the ghost `ghost`: a return if the
+    /// ghost is recent.
+    #[cold]
+    #[inline(never)]
+    fn returned(&self, ghost: u32) {
+        // Relaxed: counts for the pacing only (module docs).
         let age = self.pass.load(Relaxed).wrapping_sub(ghost) & PASS_MASK;
-        if ghost & !PASS_MASK == fingerprint && age < HORIZON {
+        if ghost != 0 && age < HORIZON {
             self.returned.fetch_add(1, Relaxed);
         }
     }
 
-    /// Ends a pass: returns the watched keys given a new bucket during it,
-    /// and how many of them the sweep had evicted within the last
-    /// `HORIZON` passes. Called by the sweep step that ends the pass.
+    /// Ends a pass: returns the new buckets counted during it (one in
+    /// [`SAMPLE`]) and the returns among all of them (each key's eviction
+    /// recorded one time in [`SAMPLE`]): two samples at one rate. Called
+    /// by the sweep step that ends the pass.
     pub(super) fn end_pass(&self) -> (usize, usize) {
         // Relaxed: counts for the pacing only; the swaps lose none.
         self.pass.fetch_add(1, Relaxed);
@@ -123,17 +156,18 @@ impl Ghosts {
 mod tests {
     use super::*;
 
-    /// A hash that is watched, in slot `slot`, with fingerprint `fp`.
-    fn watched(slot: u64, fp: u64) -> u64 {
-        (fp << 12) | slot
+    /// A hash in slot `slot` with fingerprint `fp`, counted unless `other`
+    /// (bits 32.. set).
+    fn hash(slot: u64, fp: u64, other: bool) -> u64 {
+        (fp << 12) | slot | u64::from(other) << 32
     }
 
     #[test]
     fn a_key_evicted_recently_counts_as_a_return() {
         let ghosts = Ghosts::new();
-        let key = watched(7, 0xabcde);
-        assert!(ghost_of(key).is_some());
-        assert!(ghost_of(key | 1 << 32).is_none(), "not watched");
+        let key = hash(7, 0xabcde, false);
+        assert!(counted(key));
+        assert!(!counted(hash(7, 0xabcde, true)));
         ghosts.evicted(key);
         ghosts.created(key);
         assert_eq!(ghosts.end_pass(), (1, 1));
@@ -145,9 +179,18 @@ mod tests {
         ghosts.created(key);
         assert_eq!(ghosts.end_pass(), (1, 0), "evicted too long ago");
         ghosts.evicted(key);
-        ghosts.created(watched(7, 0xabcdf));
+        ghosts.created(hash(7, 0xabcdf, false));
         assert_eq!(ghosts.end_pass(), (1, 0), "another key of the slot");
-        ghosts.created(key | 1 << 32);
-        assert_eq!(ghosts.end_pass(), (0, 0), "not watched");
+        ghosts.evicted(hash(9, 0x12345, true));
+        ghosts.created(hash(9, 0x12345, true));
+        assert_eq!(ghosts.end_pass(), (0, 1), "a return, not counted");
+        ghosts.created(hash(11, 0, false));
+        assert_eq!(ghosts.end_pass(), (1, 0), "a slot never written");
+    }
+
+    #[test]
+    fn one_eviction_in_sample_is_recorded() {
+        assert!(Ghosts::sampled(|n| n == SAMPLE as usize));
+        assert!(!Ghosts::sampled(|_| false));
     }
 }

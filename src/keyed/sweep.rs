@@ -4,7 +4,8 @@
 //!
 //! [`sweep`]: TokenBucketLimiter::sweep
 
-use super::occupancy::SWEEP_SLICE;
+use super::ghosts::Ghosts;
+use super::occupancy::{one_in, SWEEP_SLICE};
 use super::TokenBucketLimiter;
 use crate::time::{At, Nanos};
 use std::hash::{BuildHasher, Hash};
@@ -71,7 +72,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 let evict = self.evict(key, bucket, step.full_at);
                 if evict {
                     removed += 1;
-                    occupancy.ghosts.evicted(self.buckets.hash(key));
+                    if Ghosts::sampled(one_in) {
+                        occupancy.ghosts.evicted(self.buckets.hash(key));
+                    }
                 }
                 !evict
             });
