@@ -107,27 +107,35 @@ fn slice<C: Competitor>(
                     while arrived.load(Relaxed) < threads {
                         std::thread::yield_now();
                     }
+                    let calls = pick.calls(threads);
                     let start = Instant::now();
-                    let mut ns = base;
-                    for i in 0..pick.calls(threads) {
-                        let key = match pick {
-                            Pick::Spread(n) => {
-                                state = mix(state);
-                                (((state >> 32) * n as u64) >> 32) as usize
-                            }
-                            Pick::Rotate(k) => (thread + i as usize) % k,
-                            Pick::Fresh(n) => thread * (n / threads) + i as usize,
-                            Pick::Everyday(_) if i % NEW_ONE_IN == NEW_ONE_IN - 1 => {
+                    // One loop per kind of pick, so that choosing a key
+                    // costs the harness no jump table and no division.
+                    match pick {
+                        Pick::Spread(n) => run(limiter, &local, base, calls, |_| {
+                            state = mix(state);
+                            (((state >> 32) * n as u64) >> 32) as usize
+                        }),
+                        Pick::Rotate(k) => {
+                            let mut next = thread % k;
+                            run(limiter, &local, base, calls, |_| {
+                                let key = next;
+                                next = if next + 1 == k { 0 } else { next + 1 };
+                                key
+                            })
+                        }
+                        Pick::Fresh(n) => run(limiter, &local, base, calls, |i| {
+                            thread * (n / threads) + i as usize
+                        }),
+                        Pick::Everyday(n) => run(limiter, &local, base, calls, |i| {
+                            if i % NEW_ONE_IN == NEW_ONE_IN - 1 {
                                 let per_thread = (SLICE / NEW_ONE_IN) as usize;
                                 fresh + thread * per_thread + (i / NEW_ONE_IN) as usize
-                            }
-                            Pick::Everyday(n) => {
+                            } else {
                                 state = mix(state);
                                 (((state >> 32) * n as u64) >> 32) as usize
                             }
-                        };
-                        std::hint::black_box(limiter.call(&local, key, ns, ns as f64 * 1e-9, 1));
-                        ns += STEP_NS;
+                        }),
                     }
                     (start, Instant::now())
                 })
@@ -138,6 +146,23 @@ fn slice<C: Competitor>(
     let start = spans.iter().map(|s| s.0).min().unwrap();
     let end = spans.iter().map(|s| s.1).max().unwrap();
     end - start
+}
+
+/// A thread's `calls` calls of a slice, from caller time `base`, on the
+/// keys `key(i)` names.
+#[inline(always)]
+fn run<C: Competitor>(
+    limiter: &C,
+    local: &C::Local,
+    base: u64,
+    calls: u64,
+    mut key: impl FnMut(u64) -> usize,
+) {
+    let mut ns = base;
+    for i in 0..calls {
+        std::hint::black_box(limiter.call(local, key(i), ns, ns as f64 * 1e-9, 1));
+        ns += STEP_NS;
+    }
 }
 
 /// A competitor behind one object-safe face.
