@@ -37,6 +37,9 @@ use std::cell::RefCell;
 /// Cached cells per thread, over all compound limiters.
 const WAYS: usize = 8;
 
+/// The most scopes a call served from the cache names: one per way.
+pub(crate) const MAX_SCOPES: usize = WAYS;
+
 /// Vote slots per thread; a power of two.
 const VOTES: usize = 64;
 
@@ -118,6 +121,44 @@ impl Cache {
             next: 0,
             votes: [(0, 0); VOTES],
         })
+    }
+
+    /// The way that caches `key` (whose hash is `hash`) for limiter
+    /// `limiter`, if one does.
+    #[inline]
+    fn find<K, Q>(&self, limiter: u64, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        if self.cached == 0 {
+            return None;
+        }
+        (0..WAYS).find(|&way| {
+            self.hashes[way] == hash
+                && self.ways[way].as_ref().is_some_and(|entry| {
+                    entry.limiter == limiter
+                        && entry
+                            .key
+                            .downcast_ref::<K>()
+                            .is_some_and(|cached| cached.borrow() == key)
+                })
+        })
+    }
+
+    /// Drops way `way`'s entry (its cell is retired), under the borrow: a
+    /// reentrant call from `K`'s drop finds the cache busy.
+    fn forget(&mut self, way: usize) {
+        if self.ways[way].take().is_some() {
+            self.cached -= 1;
+        }
+    }
+
+    /// Counts a map lookup of the key whose hash is `hash` in limiter
+    /// `limiter`, if the dice pick it to vote; true when the key should now
+    /// be cached.
+    fn one_vote(&mut self, limiter: u64, hash: u64) -> bool {
+        self.dice.one_in(VOTE_ONE_IN) && self.vote(tag_of(limiter, hash))
     }
 
     /// Counts one map lookup of the key tagged `tag`; true when it has
@@ -205,36 +246,81 @@ impl HotCells {
                     return Probe::Miss { promote: false };
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
-                let way = if cache.cached == 0 {
-                    None
-                } else {
-                    (0..WAYS).find(|&way| {
-                        cache.hashes[way] == hash
-                            && cache.ways[way].as_ref().is_some_and(|entry| {
-                                entry.limiter == self.id
-                                    && entry
-                                        .key
-                                        .downcast_ref::<K>()
-                                        .is_some_and(|cached| cached.borrow() == key)
-                            })
-                    })
-                };
-                if let Some(way) = way {
+                if let Some(way) = cache.find::<K, Q>(self.id, hash, key) {
                     if let Some(entry) = cache.ways[way].as_ref() {
                         if let Some(result) = f(&entry.cell) {
                             return Probe::Hit(result);
                         }
-                        // Retired: forget it, under the borrow (a reentrant
-                        // call from `K`'s drop finds the cache busy).
-                        cache.cached -= 1;
-                        drop(cache.ways[way].take());
+                        cache.forget(way);
                     }
                 }
                 Probe::Miss {
-                    promote: cache.dice.one_in(VOTE_ONE_IN) && cache.vote(tag_of(self.id, hash)),
+                    promote: cache.one_vote(self.id, hash),
                 }
             })
             .unwrap_or(Probe::Miss { promote: false })
+    }
+
+    /// Runs `f` on this thread's cached cells for every key of `scopes`
+    /// (`hashes[i]` is key `i`'s hash; `f` gets cell `i` as entry `i`, all
+    /// `Some`), borrowed from the cache, if every key is cached and `f`
+    /// returns `Some` (`None`: a cell is retired, and its entry is dropped,
+    /// or too short). Otherwise each key not cached may vote, as in
+    /// [`probe`](Self::probe), and `promote[i]` says whether key `i` should
+    /// now be cached. At most [`MAX_SCOPES`] scopes.
+    pub(crate) fn probe_all<K, Q, R>(
+        &self,
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        promote: &mut [bool],
+        f: impl FnOnce(&[Option<&Cell>]) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        let n = scopes.len();
+        if !self.on || n > MAX_SCOPES {
+            return None;
+        }
+        // `try_*`: as in `probe`.
+        CACHE
+            .try_with(|cache| {
+                let Ok(mut cache) = cache.try_borrow_mut() else {
+                    return None;
+                };
+                let cache = cache.get_or_insert_with(Cache::new);
+                let mut ways = [None; MAX_SCOPES];
+                for (way, (&hash, &(key, _))) in ways.iter_mut().zip(hashes.iter().zip(scopes)) {
+                    *way = cache.find::<K, Q>(self.id, hash, key);
+                }
+                let ways = &mut ways[..n];
+                if ways.iter().all(Option::is_some) {
+                    let mut cells = [None; MAX_SCOPES];
+                    for (cell, way) in cells.iter_mut().zip(ways.iter().flatten()) {
+                        *cell = cache.ways[*way].as_ref().map(|entry| &*entry.cell);
+                    }
+                    if let Some(result) = f(&cells[..n]) {
+                        return Some(result);
+                    }
+                    // Retired cells are forgotten, and their keys vote again.
+                    for slot in ways.iter_mut() {
+                        if let Some(way) = *slot {
+                            let entry = cache.ways[way].as_ref();
+                            if entry.is_some_and(|entry| entry.cell.is_retired()) {
+                                cache.forget(way);
+                                *slot = None;
+                            }
+                        }
+                    }
+                }
+                for ((promote, way), &hash) in promote.iter_mut().zip(ways).zip(hashes) {
+                    *promote = way.is_none() && cache.one_vote(self.id, hash);
+                }
+                None
+            })
+            .ok()
+            .flatten()
     }
 
     /// Caches `key`'s cell in the calling thread, in a free way, or one

@@ -1,17 +1,12 @@
 //! The in-memory compound limiter: its configuration and its calls.
 
-use super::cell::Cell;
-#[cfg(loom)]
-use super::charge::charge_check_then_spend;
-use super::charge::{charge, charge_locked, charge_read_first, Charged, INLINE_SCOPES};
 use super::decide;
-use super::hot::{HotCells, Probe};
+use super::hot::HotCells;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
 use super::stats::{CompoundCounters, CompoundStats};
 use super::store::Store;
 use crate::keyed::DefaultHasher;
-use crate::sync::Arc;
 use crate::time::{At, Clock, Nanos};
 use std::borrow::Borrow;
 use std::fmt;
@@ -214,94 +209,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         if let (&[(key, policy)], true) = (scopes, one_scope_path) {
             return self.charge_one(key, policy, now, cost);
         }
-        loop {
-            let charged = if scopes.len() <= INLINE_SCOPES {
-                let mut cells: [Option<Arc<Cell>>; INLINE_SCOPES] = Default::default();
-                self.charge_scopes(&mut cells[..scopes.len()], scopes, now, cost)?
-            } else {
-                let mut cells = vec![None; scopes.len()];
-                self.charge_scopes(&mut cells, scopes, now, cost)?
-            };
-            // Retired: a sweep or a lengthening took a cell from the map
-            // before the call locked it; look the keys up again.
-            if let Ok(decided) = charged {
-                return decided;
-            }
-        }
-    }
-
-    /// One scope: through this thread's cache of hot cells if the key is
-    /// there (a denial then reads the cell and writes nothing), else under
-    /// its shard's lock and its cell's, in that order (the store's one lock
-    /// order), with no `Arc` taken unless the key is promoted.
-    fn charge_one<Q>(
-        &self,
-        key: &Q,
-        policy: &crate::Policy,
-        now: Nanos,
-        cost: u64,
-    ) -> Result<CompoundDecision, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let hash = self.store.hash(key);
-        let len = policy.quotas().len();
-        let cached = |cell: &Cell| {
-            // A cell too short for this policy is lengthened in the map.
-            if cell.len() < len {
-                return None;
-            }
-            charge_read_first(cell, policy, now, cost)
-        };
-        let promote = match self.hot.probe::<K, Q, _>(hash, key, cached) {
-            Probe::Hit(decided) => return decided,
-            Probe::Miss { promote } => promote,
-        };
-        let charge = |cell: &Arc<Cell>| {
-            // In the map, under its shard's lock: never retired.
-            let mut locked = cell.lock().expect("a cell in the map is not retired");
-            let decided = charge_locked(&mut locked, policy, now, cost);
-            drop(locked);
-            (decided, promote.then(|| Arc::clone(cell)))
-        };
-        let (decided, promoted) = match self.store.with_cell(hash, key, len, charge) {
-            Ok(charged) => charged,
-            Err(_) => {
-                self.store.sweep(now);
-                self.store.with_cell(hash, key, len, charge).map_err(|_| {
-                    CompoundDenial::LimiterFull {
-                        max_keys: self.store.max_keys(),
-                    }
-                })?
-            }
-        };
-        if let Some(cell) = promoted {
-            self.hot.insert(hash, key.to_owned(), cell);
-        }
-        decided
-    }
-
-    /// Several scopes: their cells from the map into `cells`, then charged.
-    fn charge_scopes<Q>(
-        &self,
-        cells: &mut [Option<Arc<Cell>>],
-        scopes: &[(&Q, &crate::Policy)],
-        now: Nanos,
-        cost: u64,
-    ) -> Result<Charged, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        for (cell, &(key, policy)) in cells.iter_mut().zip(scopes) {
-            *cell = Some(self.cell(key, policy.quotas().len(), now)?);
-        }
-        #[cfg(loom)]
-        if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
-            return Ok(charge_check_then_spend(cells, scopes, now, cost));
-        }
-        Ok(charge(cells, scopes, now, cost))
+        self.charge_scopes(scopes, now, cost)
     }
 
     /// The least whole tokens `key` holds at `at` over the quotas of
@@ -365,24 +273,6 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             Some(now) => self.store.sweep(now),
             None => 0,
         }
-    }
-
-    /// The key's cell of at least `len` words, made if new; at the cap,
-    /// after one sweep at `now`.
-    fn cell<Q>(&self, key: &Q, len: usize, now: Nanos) -> Result<Arc<Cell>, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.store
-            .get_or_insert(key, len)
-            .or_else(|_| {
-                self.store.sweep(now);
-                self.store.get_or_insert(key, len)
-            })
-            .map_err(|_| CompoundDenial::LimiterFull {
-                max_keys: self.store.max_keys(),
-            })
     }
 
     /// The words of `key`'s bucket, if it has one (for the loom models).

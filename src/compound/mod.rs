@@ -28,6 +28,7 @@ mod hot;
 mod limiter;
 mod outcome;
 mod policy;
+mod route;
 pub(crate) mod stats;
 mod store;
 
