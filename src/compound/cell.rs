@@ -44,6 +44,12 @@ pub(crate) struct Cell<W: ?Sized = [AtomicU64]> {
     /// that every write that changed a word bumps by [`VERSION`]. Changed
     /// only by the lock's holder (and the compare-and-swap that takes it).
     state: AtomicU64,
+    /// Under loom, the cell's place in the global lock order, in the order
+    /// cells are made: the allocator may place two cells in either order
+    /// from one execution of a model to the next, and loom needs every
+    /// execution to take the same steps until its schedule differs.
+    #[cfg(loom)]
+    made: u64,
     /// Word `i` is `full_at` of quota `i` (`Nanos` as `u64`), 1 to
     /// [`MAX_QUOTAS`] of them; written only under the lock.
     words: W,
@@ -95,7 +101,10 @@ impl Cell {
     /// The cell's address: the global order in which a call takes the
     /// locks of several cells (see `charge::charge`).
     pub(crate) fn address(&self) -> usize {
-        std::ptr::from_ref(self).cast::<u8>() as usize
+        #[cfg(loom)]
+        return self.made as usize;
+        #[cfg(not(loom))]
+        return std::ptr::from_ref(self).cast::<u8>() as usize;
     }
 
     /// The words at one instant, without writing anything (words past the
@@ -260,6 +269,14 @@ impl Cell {
 fn sized<const N: usize>() -> Arc<Cell> {
     let cell: std::sync::Arc<Cell> = std::sync::Arc::new(Cell {
         state: AtomicU64::new(0),
+        #[cfg(loom)]
+        made: {
+            // Relaxed: only uniqueness and the order of one model thread's
+            // cells matter, and fetch_add gives both.
+            static MADE: crate::sync::unmodeled::AtomicU64 =
+                crate::sync::unmodeled::AtomicU64::new(0);
+            MADE.fetch_add(1, crate::sync::unmodeled::Relaxed)
+        },
         words: std::array::from_fn::<_, N, _>(|_| AtomicU64::new(0)),
     });
     #[cfg(loom)]

@@ -323,6 +323,23 @@ impl HotCells {
             .flatten()
     }
 
+    /// Whether the calling thread caches `key`'s cell (for the loom
+    /// models).
+    #[cfg(loom)]
+    pub(crate) fn holds<K, Q>(&self, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        CACHE.with(|cache| {
+            let cache = cache.borrow();
+            let found = cache
+                .as_ref()
+                .and_then(|c| c.find::<K, Q>(self.id, hash, key));
+            found.is_some()
+        })
+    }
+
     /// Caches `key`'s cell in the calling thread, in a free way, or one
     /// whose cell is retired, or else the next in turn.
     pub(crate) fn insert<K: 'static>(&self, hash: u64, key: K, cell: Arc<Cell>) {

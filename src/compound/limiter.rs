@@ -284,4 +284,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     {
         self.store.words(key)
     }
+
+    /// Whether this thread caches `key`'s cell (for the loom models).
+    #[cfg(loom)]
+    pub(crate) fn cached<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.hot.holds::<K, Q>(self.store.hash(key), key)
+    }
 }
