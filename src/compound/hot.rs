@@ -4,13 +4,15 @@
 //! Taking a shard's lock writes its lock word, a line that every core
 //! calling that shard takes turns to own: on a hammered key that write,
 //! not the decision, limits throughput. So each thread counts the keys of
-//! its one-scope calls that went to the map (one lookup in
-//! [`VOTE_ONE_IN`] votes, at random), and a key that wins
-//! [`PROMOTE_AFTER`] votes in a row in its vote slot (no other key of that
-//! slot voting in between) gets its cell cached in the thread, with a
-//! copy of the key. A cached call reads the cell's words without writing
-//! anything (`Cell::read`), so a denial served here writes no shared
-//! memory at all; an admission locks only the cell.
+//! its calls that went to the map (one lookup in [`VOTE_ONE_IN`] votes,
+//! at random; a call of several scopes counts each key it does not find
+//! here), and a key that wins [`PROMOTE_AFTER`] votes in a row in its
+//! vote slot (no other key of that slot voting in between) gets its cell
+//! cached in the thread, with a copy of the key. A cached call reads the
+//! cell's words without writing anything (`Cell::read`; a call of several
+//! scopes, all cached, `Cell::read_all`, borrowing the cells from the
+//! cache), so a denial served here writes no shared memory at all; an
+//! admission locks only the cells.
 //!
 //! A cache holds a strong `Arc`, but does not pin the bucket: the sweep
 //! retires a full cell under its lock and removes it from the map, and a
@@ -161,6 +163,28 @@ impl Cache {
         self.dice.one_in(VOTE_ONE_IN) && self.vote(tag_of(limiter, hash))
     }
 
+    /// [`one_vote`](Self::one_vote) for `key`, unless it is cached here
+    /// (looked for only when the dice pick it: a key of a call of several
+    /// scopes that was not looked for). A cached cell found retired is
+    /// forgotten, and the key votes.
+    fn vote_if_not_cached<K, Q>(&mut self, limiter: u64, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        if !self.dice.one_in(VOTE_ONE_IN) {
+            return false;
+        }
+        if let Some(way) = self.find::<K, Q>(limiter, hash, key) {
+            let entry = self.ways[way].as_ref();
+            if !entry.is_some_and(|entry| entry.cell.is_retired()) {
+                return false;
+            }
+            self.forget(way);
+        }
+        self.vote(tag_of(limiter, hash))
+    }
+
     /// Counts one map lookup of the key tagged `tag`; true when it has
     /// just come back [`PROMOTE_AFTER`] times in a row in its slot.
     fn vote(&mut self, tag: u64) -> bool {
@@ -262,12 +286,12 @@ impl HotCells {
     }
 
     /// Runs `f` on this thread's cached cells for every key of `scopes`
-    /// (`hashes[i]` is key `i`'s hash; `f` gets cell `i` as entry `i`, all
-    /// `Some`), borrowed from the cache, if every key is cached and `f`
-    /// returns `Some` (`None`: a cell is retired, and its entry is dropped,
-    /// or too short). Otherwise each key not cached may vote, as in
-    /// [`probe`](Self::probe), and `promote[i]` says whether key `i` should
-    /// now be cached. At most [`MAX_SCOPES`] scopes.
+    /// (`hashes[i]` is key `i`'s hash; `f` gets key `i`'s cell as entry
+    /// `i`, all `Some`), borrowed from the cache, if every key is cached
+    /// and `f` returns `Some` (`None`: a cell is retired, and its entry is
+    /// dropped, or too short). Otherwise each key not cached may vote, as
+    /// in [`probe`](Self::probe), and `promote[i]` says whether key `i`
+    /// should now be cached. At most [`MAX_SCOPES`] scopes.
     pub(crate) fn probe_all<K, Q, R>(
         &self,
         hashes: &[u64],
@@ -280,7 +304,7 @@ impl HotCells {
         Q: Eq + ?Sized,
     {
         let n = scopes.len();
-        if !self.on || n > MAX_SCOPES {
+        if !self.on || n > MAX_SCOPES || hashes.len() != n || promote.len() != n {
             return None;
         }
         // `try_*`: as in `probe`.
@@ -290,32 +314,38 @@ impl HotCells {
                     return None;
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
+                // The keys' ways, up to the first key not cached (random
+                // traffic looks one key up, not every one).
                 let mut ways = [None; MAX_SCOPES];
-                for (way, (&hash, &(key, _))) in ways.iter_mut().zip(hashes.iter().zip(scopes)) {
-                    *way = cache.find::<K, Q>(self.id, hash, key);
+                let mut cached = 0;
+                while cached < n {
+                    ways[cached] = cache.find::<K, Q>(self.id, hashes[cached], scopes[cached].0);
+                    if ways[cached].is_none() {
+                        break;
+                    }
+                    cached += 1;
                 }
-                let ways = &mut ways[..n];
-                if ways.iter().all(Option::is_some) {
+                if cached == n {
                     let mut cells = [None; MAX_SCOPES];
-                    for (cell, way) in cells.iter_mut().zip(ways.iter().flatten()) {
-                        *cell = cache.ways[*way].as_ref().map(|entry| &*entry.cell);
+                    for i in 0..n {
+                        cells[i] = ways[i].and_then(|way| Some(&*cache.ways[way].as_ref()?.cell));
                     }
                     if let Some(result) = f(&cells[..n]) {
                         return Some(result);
                     }
-                    // Retired cells are forgotten, and their keys vote again.
-                    for slot in ways.iter_mut() {
-                        if let Some(way) = *slot {
-                            let entry = cache.ways[way].as_ref();
-                            if entry.is_some_and(|entry| entry.cell.is_retired()) {
-                                cache.forget(way);
-                                *slot = None;
-                            }
+                    // Retired cells are forgotten, and their keys vote.
+                    for way in &mut ways[..n] {
+                        let Some(w) = *way else { continue };
+                        if cache.ways[w].as_ref().is_some_and(|e| e.cell.is_retired()) {
+                            cache.forget(w);
+                            *way = None;
                         }
                     }
                 }
-                for ((promote, way), &hash) in promote.iter_mut().zip(ways).zip(hashes) {
-                    *promote = way.is_none() && cache.one_vote(self.id, hash);
+                // Keys not found cached (or not looked for) may vote.
+                for i in 0..n {
+                    promote[i] = ways[i].is_none()
+                        && cache.vote_if_not_cached::<K, Q>(self.id, hashes[i], scopes[i].0);
                 }
                 None
             })

@@ -25,11 +25,12 @@ use std::hash::{BuildHasher, Hash};
 /// intervals, backwards time, cost 0, bad instants).
 ///
 /// Concurrent calls are exact: every outcome is that of some sequential
-/// order of the same calls (a key's words are written under one lock, and
-/// a one-scope denial is decided on a read of them at one instant,
-/// writing nothing; a call takes its keys' locks in one global order, so
-/// calls never deadlock). A thread that keeps calling one key caches its
-/// bucket (see [`with_hot_key_cache`](Self::with_hot_key_cache)).
+/// order of the same calls (a key's words are written under one lock; a
+/// denial served from a thread's cache is decided on a read of its
+/// buckets at one instant, writing nothing; a call takes its keys' locks
+/// in one global order, so calls never deadlock). A thread that keeps
+/// calling one key caches its bucket (see
+/// [`with_hot_key_cache`](Self::with_hot_key_cache)).
 ///
 /// # Examples
 ///

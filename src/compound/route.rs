@@ -104,9 +104,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         let hashes = &hashes[..n];
         let mut promote = [false; INLINE_SCOPES];
         let cached = |cells: &[Option<&Cell>]| charge_cached(cells, scopes, now, cost);
-        if let Some(decided) = self
-            .hot
-            .probe_all::<K, Q, _>(hashes, scopes, &mut promote, cached)
+        if let Some(decided) =
+            self.hot
+                .probe_all::<K, Q, _>(hashes, scopes, &mut promote[..n], cached)
         {
             return decided;
         }
@@ -117,8 +117,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             // before the call locked it; look the keys up again.
             if let Ok(decided) = self.charge_from_map(cells, hashes, scopes, now, cost)? {
                 for (i, cell) in cells.iter_mut().enumerate() {
-                    if let (true, Some(cell)) = (promote[i], cell.take()) {
-                        self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
+                    if promote[i] {
+                        if let Some(cell) = cell.take() {
+                            self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
+                        }
                     }
                 }
                 return decided;
