@@ -288,10 +288,11 @@ impl HotCells {
     /// Runs `f` on this thread's cached cells for every key of `scopes`
     /// (`hashes[i]` is key `i`'s hash; `f` gets key `i`'s cell as entry
     /// `i`, all `Some`), borrowed from the cache, if every key is cached
-    /// and `f` returns `Some` (`None`: a cell is retired, and its entry is
-    /// dropped, or too short). Otherwise each key not cached may vote, as
-    /// in [`probe`](Self::probe), and `promote[i]` says whether key `i`
-    /// should now be cached. At most [`MAX_SCOPES`] scopes.
+    /// and `f` returns `Some` (`None`: a cell is retired or too short).
+    /// Otherwise each key not cached may vote, as in
+    /// [`probe`](Self::probe) (a key whose cached cell is retired drops it
+    /// when it votes), and `promote[i]` says whether key `i` should now be
+    /// cached. At most [`MAX_SCOPES`] scopes.
     pub(crate) fn probe_all<K, Q, R>(
         &self,
         hashes: &[u64],
@@ -317,15 +318,15 @@ impl HotCells {
                 // The keys' ways, up to the first key not cached (random
                 // traffic looks one key up, not every one).
                 let mut ways = [None; MAX_SCOPES];
-                let mut cached = 0;
-                while cached < n {
-                    ways[cached] = cache.find::<K, Q>(self.id, hashes[cached], scopes[cached].0);
-                    if ways[cached].is_none() {
+                let mut found = 0;
+                while found < n {
+                    ways[found] = cache.find::<K, Q>(self.id, hashes[found], scopes[found].0);
+                    if ways[found].is_none() {
                         break;
                     }
-                    cached += 1;
+                    found += 1;
                 }
-                if cached == n {
+                if found == n {
                     let mut cells = [None; MAX_SCOPES];
                     for i in 0..n {
                         cells[i] = ways[i].and_then(|way| Some(&*cache.ways[way].as_ref()?.cell));
@@ -333,14 +334,9 @@ impl HotCells {
                     if let Some(result) = f(&cells[..n]) {
                         return Some(result);
                     }
-                    // Retired cells are forgotten, and their keys vote.
-                    for way in &mut ways[..n] {
-                        let Some(w) = *way else { continue };
-                        if cache.ways[w].as_ref().is_some_and(|e| e.cell.is_retired()) {
-                            cache.forget(w);
-                            *way = None;
-                        }
-                    }
+                    // A cell retired (or too short): every key may vote,
+                    // and a retired cell is forgotten when its key does.
+                    ways = [None; MAX_SCOPES];
                 }
                 // Keys not found cached (or not looked for) may vote.
                 for i in 0..n {
@@ -361,13 +357,8 @@ impl HotCells {
         K: Borrow<Q> + 'static,
         Q: Eq + ?Sized,
     {
-        CACHE.with(|cache| {
-            let cache = cache.borrow();
-            let found = cache
-                .as_ref()
-                .and_then(|c| c.find::<K, Q>(self.id, hash, key));
-            found.is_some()
-        })
+        let found = |cache: &Cache| cache.find::<K, Q>(self.id, hash, key).is_some();
+        CACHE.with(|cache| cache.borrow().as_deref().is_some_and(found))
     }
 
     /// Caches `key`'s cell in the calling thread, in a free way, or one
