@@ -30,6 +30,7 @@
 //! | `reset.rs` | model 12: a reset racing spends and the sweep's retirement |
 //! | `compound.rs` | models 13 and 14: compound calls all or nothing; scopes locked in one order, no deadlock |
 //! | `compound_reads.rs` | models 15 and 16: a compound denial read lock-free vs an admission; a cached compound spend vs the sweep's retirement |
+//! | `compound_snapshot.rs` | model 17: a compound denial of two scopes on a lock-free snapshot vs an admission on both |
 #![cfg(loom)]
 
 mod support;
@@ -37,6 +38,7 @@ mod support;
 mod cap;
 mod compound;
 mod compound_reads;
+mod compound_snapshot;
 mod concurrency;
 mod counters;
 mod eviction;

@@ -85,6 +85,14 @@ pub enum Flaw {
     /// decides on torn words (some written, some not), and its denial
     /// reports a wait that no sequential order gives.
     CompoundReadWithoutRecheck,
+    /// A compound call of several cached scopes reads its cells one after
+    /// another, each with its own consistent read (state, words, state),
+    /// instead of loading every state before every second load: an
+    /// admission that writes two of the cells can land between two reads,
+    /// and the denial, decided on one cell from before it and one from
+    /// after, reports a wait and a binding scope that no sequential order
+    /// gives.
+    CompoundSnapshotCellByCell,
     /// A compound cell's lock is taken even when the cell is retired: a
     /// cached call spends on a cell the sweep has removed from the map,
     /// and the spend is lost.

@@ -159,6 +159,19 @@ where
 
 /// The words of `key`'s compound bucket (quota `i` at index `i`), if it
 /// has one.
-pub fn compound_words(limiter: &crate::CompoundLimiter, key: &str) -> Option<[u64; 8]> {
+pub fn compound_words<S>(limiter: &crate::CompoundLimiter<String, S>, key: &str) -> Option<[u64; 8]>
+where
+    S: std::hash::BuildHasher + Clone,
+{
     limiter.words(key)
+}
+
+/// Whether the calling (model) thread's cache of hot compound cells holds
+/// `key`'s cell for `limiter`: a model checks that its calls take the
+/// cached path it means to check.
+pub fn compound_cached<S>(limiter: &crate::CompoundLimiter<String, S>, key: &str) -> bool
+where
+    S: std::hash::BuildHasher + Clone,
+{
+    limiter.cached(key)
 }

@@ -330,3 +330,96 @@ fn the_hot_key_cache_changes_no_decision() {
     }
     assert_eq!(cached.stats(), plain.stats());
 }
+
+/// A three-scope call (key, org, global) hammered from one thread is
+/// served from that thread's cache of hot cells once all three cells are
+/// cached (a denial decided on a lock-free snapshot of the three, an
+/// admission under their locks), and through sweeps that retire cached
+/// cells, policies that lengthen the key's, one-scope calls on the global
+/// key and scopes named in either order, every answer equals a limiter's
+/// without the cache, denials bound by the org and the global key
+/// included.
+#[test]
+fn the_hot_key_cache_changes_no_decision_of_several_scopes() {
+    let sec = 1_000_000_000;
+    let one = Policy::new([quota(sec, 3)]).unwrap();
+    let three = Policy::new([quota(sec, 3), quota(3 * sec, 5), quota(sec / 2, 8)]).unwrap();
+    // Each binds about as often as the others.
+    let org = Policy::new([quota(sec * 85 / 100, 4)]).unwrap();
+    let global = Policy::new([quota(sec * 8 / 10, 5), quota(sec / 4, 10)]).unwrap();
+    let cached = CompoundLimiter::new();
+    let plain = CompoundLimiter::new().with_hot_key_cache(false);
+    // A small generator of costs and steps: the test needs no seed.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) % n
+    };
+    let mut now = 0u64;
+    // Denials by binding scope: the key, the org, the global key.
+    let mut bound_by = [0u32; 3];
+    let mut swept = 0;
+    for call in 0..30_000u64 {
+        now += next(400_000_000);
+        if next(300) == 0 {
+            // A quiet spell, then a sweep: every bucket is full again, and
+            // the cached cells are retired.
+            now += 30 * sec;
+            let removed = cached.sweep(Duration::from_nanos(now));
+            assert_eq!(
+                removed,
+                plain.sweep(Duration::from_nanos(now)),
+                "call {call}"
+            );
+            swept += removed;
+        }
+        let at = Duration::from_nanos(now);
+        let key = if next(8) == 0 { "other" } else { "hot" };
+        // The key's policy lengthens from one quota to three after a
+        // while, and back (a shorter policy keeps the longer cell).
+        let plan = if (call / 4_000) % 2 == 1 {
+            &three
+        } else {
+            &one
+        };
+        let cost = next(4);
+        let scopes = [(key, plan), ("org", &org), ("global", &global)];
+        let reversed = [("global", &global), ("org", &org), (key, plan)];
+        let (got, want, named) = match next(10) {
+            0 => (
+                cached.check("global", &global, at, cost),
+                plain.check("global", &global, at, cost),
+                [2, 0, 0],
+            ),
+            1 | 2 => (
+                cached.check_scopes(&reversed, at, cost),
+                plain.check_scopes(&reversed, at, cost),
+                [2, 1, 0],
+            ),
+            _ => (
+                cached.check_scopes(&scopes, at, cost),
+                plain.check_scopes(&scopes, at, cost),
+                [0, 1, 2],
+            ),
+        };
+        assert_eq!(got, want, "call {call}");
+        if let Err(CompoundDenial::InsufficientTokens { scope, .. }) = got {
+            bound_by[named[scope]] += 1;
+        }
+        for (key, policy) in scopes {
+            assert_eq!(
+                cached.remaining(key, policy, at),
+                plain.remaining(key, policy, at)
+            );
+        }
+        assert_eq!(cached.len(), plain.len());
+    }
+    assert_eq!(cached.stats(), plain.stats());
+    assert!(swept > 50, "the sweeps removed {swept} buckets");
+    assert!(
+        bound_by.iter().all(|&denials| denials > 500),
+        "denials by binding scope (key, org, global): {bound_by:?}"
+    );
+}

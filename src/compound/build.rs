@@ -96,11 +96,15 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         self
     }
 
-    /// Whether a thread that keeps calling one key with one scope
-    /// caches that key's bucket (on by default): its later calls on the
-    /// key then take no shard lock, and a denial reads the bucket without
-    /// writing anything. Decisions do not change; a thread's cache holds
-    /// at most 8 buckets, and never keeps one from the sweep.
+    /// Whether a thread that keeps calling one key caches that key's
+    /// bucket (on by default): its later calls on the key then take no
+    /// shard lock, and a denial reads the bucket without writing
+    /// anything. A call of several scopes is served from the cache when
+    /// the thread caches every one of its keys (a hammered key's plan,
+    /// org and global scopes): its denial then reads all of their buckets
+    /// at one instant and writes nothing shared. Decisions do not change;
+    /// a thread's cache holds at most 8 buckets, and never keeps one from
+    /// the sweep.
     ///
     /// # Examples
     ///

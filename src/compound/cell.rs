@@ -20,6 +20,7 @@ use super::decide::Words;
 use super::policy::MAX_QUOTAS;
 use crate::sync::{fence, Arc, AtomicU64, Ordering};
 use crate::time::Nanos;
+use std::ops::Deref;
 
 /// Set while a writer holds the cell.
 const LOCKED: u64 = 1;
@@ -27,6 +28,9 @@ const LOCKED: u64 = 1;
 const RETIRED: u64 = 2;
 /// What each write adds to the state when it lets go.
 const VERSION: u64 = 4;
+
+/// The most cells [`Cell::read_all`] takes.
+pub(crate) const SNAPSHOT_CELLS: usize = 8;
 
 /// Consistent reads tried before a reader takes the lock instead (a
 /// writer holds it for a few words, so one or two retries do).
@@ -40,6 +44,12 @@ pub(crate) struct Cell<W: ?Sized = [AtomicU64]> {
     /// that every write that changed a word bumps by [`VERSION`]. Changed
     /// only by the lock's holder (and the compare-and-swap that takes it).
     state: AtomicU64,
+    /// Under loom, the cell's place in the global lock order, in the order
+    /// cells are made: the allocator may place two cells in either order
+    /// from one execution of a model to the next, and loom needs every
+    /// execution to take the same steps until its schedule differs.
+    #[cfg(loom)]
+    made: u64,
     /// Word `i` is `full_at` of quota `i` (`Nanos` as `u64`), 1 to
     /// [`MAX_QUOTAS`] of them; written only under the lock.
     words: W,
@@ -91,7 +101,10 @@ impl Cell {
     /// The cell's address: the global order in which a call takes the
     /// locks of several cells (see `charge::charge`).
     pub(crate) fn address(&self) -> usize {
-        std::ptr::from_ref(self).cast::<u8>() as usize
+        #[cfg(loom)]
+        return self.made as usize;
+        #[cfg(not(loom))]
+        return std::ptr::from_ref(self).cast::<u8>() as usize;
     }
 
     /// The words at one instant, without writing anything (words past the
@@ -122,6 +135,72 @@ impl Cell {
             crate::sync::spin();
         }
         Ok(None)
+    }
+
+    /// The words of several cells at one common instant, without writing
+    /// anything: `Ok(true)` with cell `i`'s words in `words[i]` (`cells[i]`
+    /// is always `Some`), `Ok(false)` if writers kept some cell busy. At
+    /// most [`SNAPSHOT_CELLS`] cells.
+    ///
+    /// Every state is loaded, then every cell's words, then every state
+    /// again: all the first loads come before all the second ones, so each
+    /// cell's words were current from its first load to its second, an
+    /// interval that holds the last first load and the first second load.
+    /// Reading the cells one after another (each `read` on its own) would
+    /// not do: a call that writes two of them (both locked at once) could
+    /// land between the two reads, and the snapshot would hold one cell
+    /// from before it and one from after.
+    pub(crate) fn read_all<C: Deref<Target = Cell>>(
+        cells: &[Option<C>],
+        words: &mut [Words],
+    ) -> Result<bool, Retired> {
+        let cell = |i: usize| cells[i].as_deref().expect("every scope has its cell");
+        #[cfg(loom)]
+        if crate::flaw::flawed(crate::flaw::Flaw::CompoundSnapshotCellByCell) {
+            for (i, words) in words.iter_mut().enumerate() {
+                match cell(i).read()? {
+                    Some(read) => *words = read,
+                    None => return Ok(false),
+                }
+            }
+            return Ok(true);
+        }
+        let mut states = [0; SNAPSHOT_CELLS];
+        let states = &mut states[..cells.len()];
+        'tries: for _ in 0..READ_TRIES {
+            for (i, state) in states.iter_mut().enumerate() {
+                // Acquire pairs with the Release store that let the cell's
+                // last write go: its words are visible to the loads below.
+                // And a write of several cells locks them all before it
+                // lets any go: if this load sees it let this cell go, its
+                // lock of every other cell happened before, and the second
+                // loads below (all after this one) see that lock or later.
+                *state = cell(i).state.load(Ordering::Acquire);
+                if *state & RETIRED != 0 {
+                    return Err(Retired);
+                }
+                if *state & LOCKED != 0 {
+                    crate::sync::spin();
+                    continue 'tries;
+                }
+            }
+            for (i, words) in words.iter_mut().enumerate() {
+                *words = cell(i).load_words();
+            }
+            // As in `read`: orders every word load before the second state
+            // loads; paired with the Release fence in `lock`, a snapshot
+            // that saw any word a write stored sees that write's LOCKED
+            // state (or a later one) below.
+            fence(Ordering::Acquire);
+            // Relaxed: ordered by the fence above.
+            let unchanged =
+                |(i, state): (usize, &u64)| cell(i).state.load(Ordering::Relaxed) == *state;
+            if states.iter().enumerate().all(unchanged) {
+                return Ok(true);
+            }
+            crate::sync::spin();
+        }
+        Ok(false)
     }
 
     /// Takes the cell's lock (spinning while another writer holds it),
@@ -190,6 +269,14 @@ impl Cell {
 fn sized<const N: usize>() -> Arc<Cell> {
     let cell: std::sync::Arc<Cell> = std::sync::Arc::new(Cell {
         state: AtomicU64::new(0),
+        #[cfg(loom)]
+        made: {
+            // Relaxed: only uniqueness and the order of one model thread's
+            // cells matter, and fetch_add gives both.
+            static MADE: crate::sync::unmodeled::AtomicU64 =
+                crate::sync::unmodeled::AtomicU64::new(0);
+            MADE.fetch_add(1, crate::sync::unmodeled::Relaxed)
+        },
         words: std::array::from_fn::<_, N, _>(|_| AtomicU64::new(0)),
     });
     #[cfg(loom)]

@@ -1,12 +1,16 @@
-//! The in-memory compound charge: a one-scope call decided on its cell,
-//! lock-free when it is denied; a call of several scopes with every cell
-//! locked in one global order, decided, then written all or not at all.
+//! The in-memory compound charge: a call whose cells a thread caches is
+//! decided on a lock-free read of them, and a denial writes nothing; an
+//! admission, and a call through the map, decides with every cell locked
+//! in one global order, then writes all or nothing.
 
-use super::cell::{Cell, Locked, Retired};
+use super::cell::{Cell, Locked, Retired, SNAPSHOT_CELLS};
 use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
+use super::policy::MAX_QUOTAS;
+#[cfg(loom)]
 use crate::sync::Arc;
 use crate::time::Nanos;
+use std::ops::Deref;
 
 /// Scopes a call handles with no allocation; more take a `Vec`.
 pub(super) const INLINE_SCOPES: usize = 8;
@@ -63,13 +67,49 @@ pub(super) fn charge_read_first(
     Some(charge_locked(&mut cell.lock().ok()?, policy, now, cost))
 }
 
+/// Charges several scopes' cells (held outside the map: a thread's
+/// cache): a consistent snapshot of every cell ([`Cell::read_all`]) that
+/// denies is the outcome, with nothing written; an admission, or a
+/// snapshot that writers kept from succeeding, is decided again under
+/// the locks ([`charge`]). `None` if a cell is retired (nothing was spent,
+/// and the call goes to the map) or shorter than its scope's policy (the
+/// map lengthens it). `cells[i]` is scope `i`'s (always `Some`), at most
+/// [`SNAPSHOT_CELLS`] of them.
+#[inline]
+pub(super) fn charge_cached<Q: ?Sized>(
+    cells: &[Option<&Cell>],
+    scopes: &[(&Q, &crate::Policy)],
+    now: Nanos,
+    cost: u64,
+) -> Option<Result<CompoundDecision, CompoundDenial>> {
+    let short = |(cell, (_, policy)): (&Option<&Cell>, &(&Q, &crate::Policy))| {
+        cell.map_or(true, |cell| cell.len() < policy.quotas().len())
+    };
+    if cells.iter().zip(scopes).any(short) {
+        return None;
+    }
+    let mut words = [[Nanos::ZERO; MAX_QUOTAS]; SNAPSHOT_CELLS];
+    let words = &mut words[..cells.len()];
+    if Cell::read_all(cells, words).ok()? {
+        let snapshot = words.iter().zip(scopes);
+        let snapshot = snapshot
+            .enumerate()
+            .map(|(i, (words, &(_, policy)))| (i, words, policy));
+        if let Err(denial) = decide::verdict(snapshot, now, cost) {
+            return Some(Err(denial));
+        }
+    }
+    charge(cells, scopes, now, cost).ok()
+}
+
 /// Locks every cell in the global order (by address: cells are distinct,
 /// since keys are, and every call orders any two cells the same way, so no
 /// two calls can each hold a lock the other waits for), decides, and
 /// writes every word or none, all under the locks. `cells[i]` is scope
-/// `i`'s (always `Some`).
-pub(super) fn charge<Q: ?Sized>(
-    cells: &[Option<Arc<Cell>>],
+/// `i`'s (always `Some`): an `Arc` from the map, or a cell borrowed from a
+/// thread's cache.
+pub(super) fn charge<C: Deref<Target = Cell>, Q: ?Sized>(
+    cells: &[Option<C>],
     scopes: &[(&Q, &crate::Policy)],
     now: Nanos,
     cost: u64,
@@ -88,8 +128,8 @@ pub(super) fn charge<Q: ?Sized>(
 
 /// [`charge`] with its scratch space: `order` and `guards` as long as
 /// `cells`.
-fn charge_in<'a, Q: ?Sized>(
-    cells: &'a [Option<Arc<Cell>>],
+fn charge_in<'a, C: Deref<Target = Cell>, Q: ?Sized>(
+    cells: &'a [Option<C>],
     scopes: &[(&Q, &crate::Policy)],
     now: Nanos,
     cost: u64,

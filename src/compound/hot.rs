@@ -4,13 +4,15 @@
 //! Taking a shard's lock writes its lock word, a line that every core
 //! calling that shard takes turns to own: on a hammered key that write,
 //! not the decision, limits throughput. So each thread counts the keys of
-//! its one-scope calls that went to the map (one lookup in
-//! [`VOTE_ONE_IN`] votes, at random), and a key that wins
-//! [`PROMOTE_AFTER`] votes in a row in its vote slot (no other key of that
-//! slot voting in between) gets its cell cached in the thread, with a
-//! copy of the key. A cached call reads the cell's words without writing
-//! anything (`Cell::read`), so a denial served here writes no shared
-//! memory at all; an admission locks only the cell.
+//! its calls that went to the map (one lookup in [`VOTE_ONE_IN`] votes,
+//! at random; a call of several scopes counts each key it does not find
+//! here), and a key that wins [`PROMOTE_AFTER`] votes in a row in its
+//! vote slot (no other key of that slot voting in between) gets its cell
+//! cached in the thread, with a copy of the key. A cached call reads the
+//! cell's words without writing anything (`Cell::read`; a call of several
+//! scopes, all cached, `Cell::read_all`, borrowing the cells from the
+//! cache), so a denial served here writes no shared memory at all; an
+//! admission locks only the cells.
 //!
 //! A cache holds a strong `Arc`, but does not pin the bucket: the sweep
 //! retires a full cell under its lock and removes it from the map, and a
@@ -36,6 +38,9 @@ use std::cell::RefCell;
 
 /// Cached cells per thread, over all compound limiters.
 const WAYS: usize = 8;
+
+/// The most scopes a call served from the cache names: one per way.
+pub(crate) const MAX_SCOPES: usize = WAYS;
 
 /// Vote slots per thread; a power of two.
 const VOTES: usize = 64;
@@ -118,6 +123,66 @@ impl Cache {
             next: 0,
             votes: [(0, 0); VOTES],
         })
+    }
+
+    /// The way that caches `key` (whose hash is `hash`) for limiter
+    /// `limiter`, if one does.
+    #[inline]
+    fn find<K, Q>(&self, limiter: u64, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        if self.cached == 0 {
+            return None;
+        }
+        (0..WAYS).find(|&way| {
+            self.hashes[way] == hash
+                && self.ways[way].as_ref().is_some_and(|entry| {
+                    entry.limiter == limiter
+                        && entry
+                            .key
+                            .downcast_ref::<K>()
+                            .is_some_and(|cached| cached.borrow() == key)
+                })
+        })
+    }
+
+    /// Drops way `way`'s entry (its cell is retired), under the borrow: a
+    /// reentrant call from `K`'s drop finds the cache busy.
+    fn forget(&mut self, way: usize) {
+        if self.ways[way].take().is_some() {
+            self.cached -= 1;
+        }
+    }
+
+    /// Counts a map lookup of the key whose hash is `hash` in limiter
+    /// `limiter`, if the dice pick it to vote; true when the key should now
+    /// be cached.
+    fn one_vote(&mut self, limiter: u64, hash: u64) -> bool {
+        self.dice.one_in(VOTE_ONE_IN) && self.vote(tag_of(limiter, hash))
+    }
+
+    /// [`one_vote`](Self::one_vote) for `key`, unless it is cached here
+    /// (looked for only when the dice pick it: a key of a call of several
+    /// scopes that was not looked for). A cached cell found retired is
+    /// forgotten, and the key votes.
+    fn vote_if_not_cached<K, Q>(&mut self, limiter: u64, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        if !self.dice.one_in(VOTE_ONE_IN) {
+            return false;
+        }
+        if let Some(way) = self.find::<K, Q>(limiter, hash, key) {
+            let entry = self.ways[way].as_ref();
+            if !entry.is_some_and(|entry| entry.cell.is_retired()) {
+                return false;
+            }
+            self.forget(way);
+        }
+        self.vote(tag_of(limiter, hash))
     }
 
     /// Counts one map lookup of the key tagged `tag`; true when it has
@@ -205,36 +270,95 @@ impl HotCells {
                     return Probe::Miss { promote: false };
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
-                let way = if cache.cached == 0 {
-                    None
-                } else {
-                    (0..WAYS).find(|&way| {
-                        cache.hashes[way] == hash
-                            && cache.ways[way].as_ref().is_some_and(|entry| {
-                                entry.limiter == self.id
-                                    && entry
-                                        .key
-                                        .downcast_ref::<K>()
-                                        .is_some_and(|cached| cached.borrow() == key)
-                            })
-                    })
-                };
-                if let Some(way) = way {
+                if let Some(way) = cache.find::<K, Q>(self.id, hash, key) {
                     if let Some(entry) = cache.ways[way].as_ref() {
                         if let Some(result) = f(&entry.cell) {
                             return Probe::Hit(result);
                         }
-                        // Retired: forget it, under the borrow (a reentrant
-                        // call from `K`'s drop finds the cache busy).
-                        cache.cached -= 1;
-                        drop(cache.ways[way].take());
+                        cache.forget(way);
                     }
                 }
                 Probe::Miss {
-                    promote: cache.dice.one_in(VOTE_ONE_IN) && cache.vote(tag_of(self.id, hash)),
+                    promote: cache.one_vote(self.id, hash),
                 }
             })
             .unwrap_or(Probe::Miss { promote: false })
+    }
+
+    /// Runs `f` on this thread's cached cells for every key of `scopes`
+    /// (`hashes[i]` is key `i`'s hash; `f` gets key `i`'s cell as entry
+    /// `i`, all `Some`), borrowed from the cache, if every key is cached
+    /// and `f` returns `Some` (`None`: a cell is retired or too short).
+    /// Otherwise each key not cached may vote, as in
+    /// [`probe`](Self::probe) (a key whose cached cell is retired drops it
+    /// when it votes), and `promote[i]` says whether key `i` should now be
+    /// cached. At most [`MAX_SCOPES`] scopes.
+    pub(crate) fn probe_all<K, Q, R>(
+        &self,
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        promote: &mut [bool],
+        f: impl FnOnce(&[Option<&Cell>]) -> Option<R>,
+    ) -> Option<R>
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        let n = scopes.len();
+        if !self.on || n > MAX_SCOPES || hashes.len() != n || promote.len() != n {
+            return None;
+        }
+        // `try_*`: as in `probe`.
+        CACHE
+            .try_with(|cache| {
+                let Ok(mut cache) = cache.try_borrow_mut() else {
+                    return None;
+                };
+                let cache = cache.get_or_insert_with(Cache::new);
+                // The keys' ways, up to the first key not cached (random
+                // traffic looks one key up, not every one).
+                let mut ways = [None; MAX_SCOPES];
+                let mut found = 0;
+                while found < n {
+                    ways[found] = cache.find::<K, Q>(self.id, hashes[found], scopes[found].0);
+                    if ways[found].is_none() {
+                        break;
+                    }
+                    found += 1;
+                }
+                if found == n {
+                    let mut cells = [None; MAX_SCOPES];
+                    for i in 0..n {
+                        cells[i] = ways[i].and_then(|way| Some(&*cache.ways[way].as_ref()?.cell));
+                    }
+                    if let Some(result) = f(&cells[..n]) {
+                        return Some(result);
+                    }
+                    // A cell retired (or too short): every key may vote,
+                    // and a retired cell is forgotten when its key does.
+                    ways = [None; MAX_SCOPES];
+                }
+                // Keys not found cached (or not looked for) may vote.
+                for i in 0..n {
+                    promote[i] = ways[i].is_none()
+                        && cache.vote_if_not_cached::<K, Q>(self.id, hashes[i], scopes[i].0);
+                }
+                None
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Whether the calling thread caches `key`'s cell (for the loom
+    /// models).
+    #[cfg(loom)]
+    pub(crate) fn holds<K, Q>(&self, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q> + 'static,
+        Q: Eq + ?Sized,
+    {
+        let found = |cache: &Cache| cache.find::<K, Q>(self.id, hash, key).is_some();
+        CACHE.with(|cache| cache.borrow().as_deref().is_some_and(found))
     }
 
     /// Caches `key`'s cell in the calling thread, in a free way, or one

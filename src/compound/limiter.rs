@@ -1,17 +1,12 @@
 //! The in-memory compound limiter: its configuration and its calls.
 
-use super::cell::Cell;
-#[cfg(loom)]
-use super::charge::charge_check_then_spend;
-use super::charge::{charge, charge_locked, charge_read_first, Charged, INLINE_SCOPES};
 use super::decide;
-use super::hot::{HotCells, Probe};
+use super::hot::HotCells;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
 use super::stats::{CompoundCounters, CompoundStats};
 use super::store::Store;
 use crate::keyed::DefaultHasher;
-use crate::sync::Arc;
 use crate::time::{At, Clock, Nanos};
 use std::borrow::Borrow;
 use std::fmt;
@@ -30,11 +25,12 @@ use std::hash::{BuildHasher, Hash};
 /// intervals, backwards time, cost 0, bad instants).
 ///
 /// Concurrent calls are exact: every outcome is that of some sequential
-/// order of the same calls (a key's words are written under one lock, and
-/// a one-scope denial is decided on a read of them at one instant,
-/// writing nothing; a call takes its keys' locks in one global order, so
-/// calls never deadlock). A thread that keeps calling one key caches its
-/// bucket (see [`with_hot_key_cache`](Self::with_hot_key_cache)).
+/// order of the same calls (a key's words are written under one lock; a
+/// denial served from a thread's cache is decided on a read of its
+/// buckets at one instant, writing nothing; a call takes its keys' locks
+/// in one global order, so calls never deadlock). A thread that keeps
+/// calling one key caches its bucket (see
+/// [`with_hot_key_cache`](Self::with_hot_key_cache)).
 ///
 /// # Examples
 ///
@@ -214,94 +210,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         if let (&[(key, policy)], true) = (scopes, one_scope_path) {
             return self.charge_one(key, policy, now, cost);
         }
-        loop {
-            let charged = if scopes.len() <= INLINE_SCOPES {
-                let mut cells: [Option<Arc<Cell>>; INLINE_SCOPES] = Default::default();
-                self.charge_scopes(&mut cells[..scopes.len()], scopes, now, cost)?
-            } else {
-                let mut cells = vec![None; scopes.len()];
-                self.charge_scopes(&mut cells, scopes, now, cost)?
-            };
-            // Retired: a sweep or a lengthening took a cell from the map
-            // before the call locked it; look the keys up again.
-            if let Ok(decided) = charged {
-                return decided;
-            }
-        }
-    }
-
-    /// One scope: through this thread's cache of hot cells if the key is
-    /// there (a denial then reads the cell and writes nothing), else under
-    /// its shard's lock and its cell's, in that order (the store's one lock
-    /// order), with no `Arc` taken unless the key is promoted.
-    fn charge_one<Q>(
-        &self,
-        key: &Q,
-        policy: &crate::Policy,
-        now: Nanos,
-        cost: u64,
-    ) -> Result<CompoundDecision, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let hash = self.store.hash(key);
-        let len = policy.quotas().len();
-        let cached = |cell: &Cell| {
-            // A cell too short for this policy is lengthened in the map.
-            if cell.len() < len {
-                return None;
-            }
-            charge_read_first(cell, policy, now, cost)
-        };
-        let promote = match self.hot.probe::<K, Q, _>(hash, key, cached) {
-            Probe::Hit(decided) => return decided,
-            Probe::Miss { promote } => promote,
-        };
-        let charge = |cell: &Arc<Cell>| {
-            // In the map, under its shard's lock: never retired.
-            let mut locked = cell.lock().expect("a cell in the map is not retired");
-            let decided = charge_locked(&mut locked, policy, now, cost);
-            drop(locked);
-            (decided, promote.then(|| Arc::clone(cell)))
-        };
-        let (decided, promoted) = match self.store.with_cell(hash, key, len, charge) {
-            Ok(charged) => charged,
-            Err(_) => {
-                self.store.sweep(now);
-                self.store.with_cell(hash, key, len, charge).map_err(|_| {
-                    CompoundDenial::LimiterFull {
-                        max_keys: self.store.max_keys(),
-                    }
-                })?
-            }
-        };
-        if let Some(cell) = promoted {
-            self.hot.insert(hash, key.to_owned(), cell);
-        }
-        decided
-    }
-
-    /// Several scopes: their cells from the map into `cells`, then charged.
-    fn charge_scopes<Q>(
-        &self,
-        cells: &mut [Option<Arc<Cell>>],
-        scopes: &[(&Q, &crate::Policy)],
-        now: Nanos,
-        cost: u64,
-    ) -> Result<Charged, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        for (cell, &(key, policy)) in cells.iter_mut().zip(scopes) {
-            *cell = Some(self.cell(key, policy.quotas().len(), now)?);
-        }
-        #[cfg(loom)]
-        if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
-            return Ok(charge_check_then_spend(cells, scopes, now, cost));
-        }
-        Ok(charge(cells, scopes, now, cost))
+        self.charge_scopes(scopes, now, cost)
     }
 
     /// The least whole tokens `key` holds at `at` over the quotas of
@@ -367,24 +276,6 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         }
     }
 
-    /// The key's cell of at least `len` words, made if new; at the cap,
-    /// after one sweep at `now`.
-    fn cell<Q>(&self, key: &Q, len: usize, now: Nanos) -> Result<Arc<Cell>, CompoundDenial>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.store
-            .get_or_insert(key, len)
-            .or_else(|_| {
-                self.store.sweep(now);
-                self.store.get_or_insert(key, len)
-            })
-            .map_err(|_| CompoundDenial::LimiterFull {
-                max_keys: self.store.max_keys(),
-            })
-    }
-
     /// The words of `key`'s bucket, if it has one (for the loom models).
     #[cfg(loom)]
     pub(crate) fn words<Q>(&self, key: &Q) -> Option<[u64; MAX_QUOTAS]>
@@ -393,5 +284,15 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         Q: Hash + Eq + ?Sized,
     {
         self.store.words(key)
+    }
+
+    /// Whether this thread caches `key`'s cell (for the loom models).
+    #[cfg(loom)]
+    pub(crate) fn cached<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.hot.holds::<K, Q>(self.store.hash(key), key)
     }
 }

@@ -3,13 +3,14 @@
 //!
 //! Apart from the single-quota limiter on purpose: its one-word buckets
 //! and their lock-free paths are untouched. Here a key's bucket is a cell
-//! of 1 to [`MAX_QUOTAS`] words behind a sequence lock (`cell::Cell`): a
-//! call of one scope decides on a lock-free read, and a denial returns
-//! with nothing written; an admission, and a call of several scopes,
-//! takes the cells' locks in one global order (their addresses), decides
-//! every quota with [`gcra::decide`](crate::gcra), and writes every word
-//! or none. A thread that keeps calling one key caches its cell
-//! (`hot::HotCells`) and takes no shard lock. See `docs/compound.md`.
+//! of 1 to [`MAX_QUOTAS`] words behind a sequence lock (`cell::Cell`). A
+//! thread that keeps calling one key caches its cell (`hot::HotCells`)
+//! and takes no shard lock; a call whose every scope's cell is cached
+//! decides on a lock-free read of them all at one instant, and a denial
+//! returns with nothing written. An admission, and a call through the
+//! map, takes the cells' locks in one global order (their addresses),
+//! decides every quota with [`gcra::decide`](crate::gcra), and writes
+//! every word or none. See `docs/compound.md`.
 //!
 //! Files: `policy.rs` (the quotas of one key), `outcome.rs` (decisions
 //! and denials), `decide.rs` (the rule as pure arithmetic on words, shared
@@ -17,7 +18,8 @@
 //! answers), `limiter.rs` (the in-memory front end), `build.rs` (making and
 //! configuring it), `charge.rs` (its locking), `cell.rs` (a key's words
 //! and their sequence lock), `hot.rs` (the per-thread caches of hot
-//! cells), and `store.rs` (its keyed store).
+//! cells), `route.rs` (which way a call goes: the thread's cache or the
+//! map), and `store.rs` (its keyed store).
 
 mod build;
 mod calls;
@@ -28,6 +30,7 @@ mod hot;
 mod limiter;
 mod outcome;
 mod policy;
+mod route;
 pub(crate) mod stats;
 mod store;
 

@@ -106,16 +106,6 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         Some(Arc::clone(&entry.1))
     }
 
-    /// The key's cell of at least `len` words, made (full) or lengthened
-    /// if need be, unless the map holds `max_keys` entries.
-    pub(crate) fn get_or_insert<Q>(&self, key: &Q, len: usize) -> Result<Arc<Cell>, Full>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        self.with_cell(self.hash(key), key, len, Arc::clone)
-    }
-
     /// Runs `f` on the key's cell of at least `len` words (whose hash is
     /// `hash`), made full or lengthened if need be (unless the map holds
     /// `max_keys` entries), under its shard's lock: no sweep can retire

@@ -1,0 +1,178 @@
+//! Which way an in-memory compound call goes: through the calling
+//! thread's cache of hot cells when it holds every scope's cell (a denial
+//! then reads them and writes nothing shared), else through the map.
+
+use super::cell::Cell;
+#[cfg(loom)]
+use super::charge::charge_check_then_spend;
+use super::charge::{charge, charge_cached, charge_locked, charge_read_first};
+use super::charge::{Charged, INLINE_SCOPES};
+use super::hot::Probe;
+use super::limiter::CompoundLimiter;
+use super::outcome::{CompoundDecision, CompoundDenial};
+use crate::sync::Arc;
+use crate::time::Nanos;
+use std::borrow::Borrow;
+use std::hash::{BuildHasher, Hash};
+
+/// # The ways a call goes
+impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
+    /// One scope: through this thread's cache of hot cells if the key is
+    /// there (a denial then reads the cell and writes nothing), else under
+    /// its shard's lock and its cell's, in that order (the store's one lock
+    /// order), with no `Arc` taken unless the key is promoted.
+    pub(super) fn charge_one<Q>(
+        &self,
+        key: &Q,
+        policy: &crate::Policy,
+        now: Nanos,
+        cost: u64,
+    ) -> Result<CompoundDecision, CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.store.hash(key);
+        let len = policy.quotas().len();
+        let cached = |cell: &Cell| {
+            // A cell too short for this policy is lengthened in the map.
+            if cell.len() < len {
+                return None;
+            }
+            charge_read_first(cell, policy, now, cost)
+        };
+        let promote = match self.hot.probe::<K, Q, _>(hash, key, cached) {
+            Probe::Hit(decided) => return decided,
+            Probe::Miss { promote } => promote,
+        };
+        let charge = |cell: &Arc<Cell>| {
+            // In the map, under its shard's lock: never retired.
+            let mut locked = cell.lock().expect("a cell in the map is not retired");
+            let decided = charge_locked(&mut locked, policy, now, cost);
+            drop(locked);
+            (decided, promote.then(|| Arc::clone(cell)))
+        };
+        let (decided, promoted) = match self.store.with_cell(hash, key, len, charge) {
+            Ok(charged) => charged,
+            Err(_) => {
+                self.store.sweep(now);
+                self.store.with_cell(hash, key, len, charge).map_err(|_| {
+                    CompoundDenial::LimiterFull {
+                        max_keys: self.store.max_keys(),
+                    }
+                })?
+            }
+        };
+        if let Some(cell) = promoted {
+            self.hot.insert(hash, key.to_owned(), cell);
+        }
+        decided
+    }
+
+    /// Several scopes: through this thread's cache of hot cells if it
+    /// holds every scope's cell (borrowed there, no `Arc` taken: a denial
+    /// reads them all at one instant and writes nothing; an admission
+    /// locks them), else their cells from the map, locked. A key that won
+    /// its vote on the way is cached after the call.
+    pub(super) fn charge_scopes<Q>(
+        &self,
+        scopes: &[(&Q, &crate::Policy)],
+        now: Nanos,
+        cost: u64,
+    ) -> Result<CompoundDecision, CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let n = scopes.len();
+        if n > INLINE_SCOPES {
+            let hashes: Vec<u64> = scopes
+                .iter()
+                .map(|(key, _)| self.store.hash(*key))
+                .collect();
+            loop {
+                let mut cells = vec![None; n];
+                if let Ok(decided) = self.charge_from_map(&mut cells, &hashes, scopes, now, cost)? {
+                    return decided;
+                }
+            }
+        }
+        let mut hashes = [0; INLINE_SCOPES];
+        for (hash, (key, _)) in hashes.iter_mut().zip(scopes) {
+            *hash = self.store.hash(*key);
+        }
+        let hashes = &hashes[..n];
+        let mut promote = [false; INLINE_SCOPES];
+        let cached = |cells: &[Option<&Cell>]| charge_cached(cells, scopes, now, cost);
+        if let Some(decided) =
+            self.hot
+                .probe_all::<K, Q, _>(hashes, scopes, &mut promote[..n], cached)
+        {
+            return decided;
+        }
+        loop {
+            let mut cells: [Option<Arc<Cell>>; INLINE_SCOPES] = Default::default();
+            let cells = &mut cells[..n];
+            // Retired: a sweep or a lengthening took a cell from the map
+            // before the call locked it; look the keys up again.
+            if let Ok(decided) = self.charge_from_map(cells, hashes, scopes, now, cost)? {
+                for (i, cell) in cells.iter_mut().enumerate() {
+                    if promote[i] {
+                        if let Some(cell) = cell.take() {
+                            self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
+                        }
+                    }
+                }
+                return decided;
+            }
+        }
+    }
+
+    /// Several scopes through the map: their cells into `cells` (key `i`'s
+    /// hash is `hashes[i]`), then charged.
+    fn charge_from_map<Q>(
+        &self,
+        cells: &mut [Option<Arc<Cell>>],
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        now: Nanos,
+        cost: u64,
+    ) -> Result<Charged, CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        for ((cell, &hash), &(key, policy)) in cells.iter_mut().zip(hashes).zip(scopes) {
+            *cell = Some(self.cell(hash, key, policy.quotas().len(), now)?);
+        }
+        #[cfg(loom)]
+        if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
+            return Ok(charge_check_then_spend(cells, scopes, now, cost));
+        }
+        Ok(charge(cells, scopes, now, cost))
+    }
+
+    /// The key's cell of at least `len` words (its hash is `hash`), made
+    /// if new; at the cap, after one sweep at `now`.
+    fn cell<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        len: usize,
+        now: Nanos,
+    ) -> Result<Arc<Cell>, CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.store
+            .with_cell(hash, key, len, Arc::clone)
+            .or_else(|_| {
+                self.store.sweep(now);
+                self.store.with_cell(hash, key, len, Arc::clone)
+            })
+            .map_err(|_| CompoundDenial::LimiterFull {
+                max_keys: self.store.max_keys(),
+            })
+    }
+}
