@@ -26,7 +26,7 @@
 //! the compound table's competitor `i` (0 governor, 1 keyrate, 2 and 3
 //! compound of 1 and 2 quotas, 4 sequential, 5 three scopes), under
 //! `valgrind --tool=callgrind --toggle-collect='*call_once{{vtable.shim}}*'`
-//! (the slices' threads): the README's "Compound limits" has the recipe.
+//! (the slices' threads): docs/compound.md, "Measured", has the recipe.
 //!
 //! Beside the ratios, the last column gives the buckets keyrate (the first
 //! column) created per million timed calls: a key's first call creates one,
