@@ -345,6 +345,21 @@ pub(crate) fn decide(
     quota: &Quota,
 ) -> Result<Nanos, Denial> {
     let spend = spend_for(cost, quota)?;
+    step(full_at, now, spend, quota).map_err(|wait| Denial::InsufficientTokens {
+        retry_after: wait.into(),
+    })
+}
+
+/// [`decide`] once [`spend_for`] has admitted the cost, which spends
+/// `spend`: the new word, or how long until the bucket holds the cost
+/// (never 0).
+#[inline]
+pub(crate) fn step(
+    full_at: Nanos,
+    now: Nanos,
+    spend: Nanos,
+    quota: &Quota,
+) -> Result<Nanos, Nanos> {
     if spend == Nanos::ZERO {
         // Cost 0 (a positive cost spends at least one interval, 1 ns).
         return Ok(full_at);
@@ -356,9 +371,7 @@ pub(crate) fn decide(
         // now + missing <= (2^63 - 1) * 2: no overflow, never u64::MAX.
         Ok(now + missing)
     } else {
-        Err(Denial::InsufficientTokens {
-            retry_after: (missing - quota.window).into(),
-        })
+        Err(missing - quota.window)
     }
 }
 

@@ -11,7 +11,6 @@ use super::policy::{Policy, MAX_QUOTAS};
 use crate::error::Denial;
 use crate::gcra;
 use crate::time::Nanos;
-use std::time::Duration;
 
 /// A key's compound bucket: word `i` is `full_at` of quota `i` of the
 /// key's policy (see [`gcra`]); words past the policy's quotas stay as
@@ -47,22 +46,13 @@ pub(crate) fn verdict<'a>(
     now: Nanos,
     cost: u64,
 ) -> Result<(), CompoundDenial> {
-    let mut latest: Option<(Duration, usize, usize)> = None;
+    // The latest wait so far, kept in nanoseconds (turned into the
+    // denial's `Duration` once, at the end).
+    let mut latest: Option<(Nanos, usize, usize)> = None;
     for (scope, words, policy) in scopes {
-        for (quota, q) in policy.quotas().iter().enumerate() {
-            match gcra::decide(words[quota], now, cost, q) {
-                Ok(_) => {}
-                Err(Denial::InsufficientTokens { retry_after }) => {
-                    let later = match latest {
-                        None => true,
-                        Some((wait, s, i)) => {
-                            retry_after > wait || (retry_after == wait && (scope, quota) < (s, i))
-                        }
-                    };
-                    if later {
-                        latest = Some((retry_after, scope, quota));
-                    }
-                }
+        for (quota, (q, &word)) in policy.quotas().iter().zip(words).enumerate() {
+            let spend = match gcra::spend_for(cost, q) {
+                Ok(spend) => spend,
                 Err(Denial::ExceedsCapacity { cost, capacity }) => {
                     return Err(CompoundDenial::ExceedsCapacity {
                         cost,
@@ -71,15 +61,23 @@ pub(crate) fn verdict<'a>(
                         quota,
                     })
                 }
-                // `decide` denies for lack of tokens or capacity only.
-                Err(_) => unreachable!("gcra::decide returned another denial"),
+                // `spend_for` denies for capacity only.
+                Err(_) => unreachable!("gcra::spend_for returned another denial"),
+            };
+            if let Err(wait) = gcra::step(word, now, spend, q) {
+                let later = latest.map_or(true, |(w, s, i)| {
+                    wait > w || (wait == w && (scope, quota) < (s, i))
+                });
+                if later {
+                    latest = Some((wait, scope, quota));
+                }
             }
         }
     }
     match latest {
         None => Ok(()),
-        Some((retry_after, scope, quota)) => Err(CompoundDenial::InsufficientTokens {
-            retry_after,
+        Some((wait, scope, quota)) => Err(CompoundDenial::InsufficientTokens {
+            retry_after: wait.into(),
             scope,
             quota,
         }),
@@ -98,39 +96,38 @@ pub(crate) fn apply(words: &mut Words, policy: &Policy, now: Nanos, cost: u64) {
 
 /// What an admitted call reports, from the words after [`apply`]: the
 /// least remaining (first `(scope, quota)` on a tie) and the latest refill.
+#[inline]
 pub(crate) fn summary<'a>(
     scopes: impl Iterator<Item = (usize, &'a Words, &'a Policy)>,
     now: Nanos,
 ) -> CompoundDecision {
-    let mut least: Option<CompoundDecision> = None;
+    // The least so far, as (remaining, scope, quota, its quota and word);
+    // scopes come in any order, so a tie goes to the lower index.
+    let mut least: Option<(u64, usize, usize, &gcra::Quota, Nanos)> = None;
     let mut reset_after = Nanos::ZERO;
     for (scope, words, policy) in scopes {
-        for (quota, q) in policy.quotas().iter().enumerate() {
-            let remaining = gcra::tokens_at(words[quota], now, q);
-            reset_after = reset_after.max(words[quota].saturating_sub(now));
-            let less = match least {
-                None => true,
-                Some(d) => {
-                    remaining < d.remaining
-                        || (remaining == d.remaining && (scope, quota) < (d.scope, d.quota))
-                }
-            };
+        for (quota, (q, &word)) in policy.quotas().iter().zip(words).enumerate() {
+            let remaining = gcra::tokens_at(word, now, q);
+            reset_after = reset_after.max(word.saturating_sub(now));
+            let less = least.map_or(true, |(r, s, i, _, _)| {
+                remaining < r || (remaining == r && (scope, quota) < (s, i))
+            });
             if less {
-                least = Some(CompoundDecision {
-                    remaining,
-                    limit: q.capacity(),
-                    scope,
-                    quota,
-                    reset_after: Duration::ZERO,
-                    quota_reset_after: words[quota].saturating_sub(now).into(),
-                    degraded: false,
-                });
+                least = Some((remaining, scope, quota, q, word));
             }
         }
     }
-    let mut decision = least.expect("a call has a scope, and a policy a quota");
-    decision.reset_after = reset_after.into();
-    decision
+    let (remaining, scope, quota, q, word) =
+        least.expect("a call has a scope, and a policy a quota");
+    CompoundDecision {
+        remaining,
+        limit: q.capacity(),
+        scope,
+        quota: quota as u8,
+        reset_after,
+        quota_reset_after: word.saturating_sub(now),
+        degraded: false,
+    }
 }
 
 #[cfg(feature = "redis")]
@@ -146,9 +143,9 @@ pub(crate) fn degraded<'a>(policies: impl Iterator<Item = &'a Policy>) -> Compou
                     remaining: q.capacity(),
                     limit: q.capacity(),
                     scope,
-                    quota,
-                    reset_after: Duration::ZERO,
-                    quota_reset_after: Duration::ZERO,
+                    quota: quota as u8,
+                    reset_after: Nanos::ZERO,
+                    quota_reset_after: Nanos::ZERO,
                     degraded: true,
                 });
             }
@@ -178,6 +175,7 @@ pub(crate) fn all_full(words: &Words, now: Nanos) -> bool {
 mod tests {
     use super::*;
     use crate::gcra::Quota;
+    use std::time::Duration;
 
     const SEC: u64 = 1_000_000_000;
 
@@ -206,9 +204,9 @@ mod tests {
         );
         assert_eq!(words, before);
         let d = summary([(0, &words, &p)].into_iter(), now);
-        assert_eq!((d.remaining, d.scope, d.quota, d.limit), (0, 0, 1, 2));
-        assert_eq!(d.reset_after, Duration::from_secs(2));
-        assert_eq!(d.quota_reset_after, Duration::from_secs(2));
+        assert_eq!((d.remaining, d.scope, d.quota(), d.limit), (0, 0, 1, 2));
+        assert_eq!(d.reset_after(), Duration::from_secs(2));
+        assert_eq!(d.quota_reset_after(), Duration::from_secs(2));
     }
 
     #[test]

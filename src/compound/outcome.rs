@@ -1,6 +1,7 @@
 //! What a compound call comes to: the [`CompoundDecision`] of an admitted
 //! call, or the [`CompoundDenial`] of a refused one.
 
+use crate::time::Nanos;
 use std::fmt;
 use std::time::Duration;
 
@@ -25,10 +26,13 @@ pub struct CompoundDecision {
     pub(crate) remaining: u64,
     pub(crate) limit: u64,
     pub(crate) scope: usize,
-    pub(crate) quota: usize,
-    pub(crate) reset_after: Duration,
+    /// Below [`MAX_QUOTAS`](super::policy::MAX_QUOTAS).
+    pub(crate) quota: u8,
+    /// Kept in nanoseconds, turned into a `Duration` when read: a decision
+    /// is made on every call and read far less often.
+    pub(crate) reset_after: Nanos,
     /// How long until the bucket holding the least is full again.
-    pub(crate) quota_reset_after: Duration,
+    pub(crate) quota_reset_after: Nanos,
     /// Admitted by a Redis limiter's failure policy: Redis could not decide.
     pub(crate) degraded: bool,
 }
@@ -57,14 +61,14 @@ impl CompoundDecision {
     /// The index, in that scope's policy, of the quota that holds the least.
     #[must_use]
     pub fn quota(&self) -> usize {
-        self.quota
+        usize::from(self.quota)
     }
 
     /// How long until every bucket the call charged is full again, if
     /// nothing else spends from them.
     #[must_use]
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        self.reset_after.into()
     }
 
     /// How long until the bucket that holds the least (quota
@@ -86,7 +90,7 @@ impl CompoundDecision {
     /// ```
     #[must_use]
     pub fn quota_reset_after(&self) -> Duration {
-        self.quota_reset_after
+        self.quota_reset_after.into()
     }
 
     /// Whether the call was admitted without a decision: a Redis limiter

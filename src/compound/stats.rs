@@ -116,8 +116,10 @@ impl CompoundCounters {
     pub(crate) fn decided(&self, cost: u64, result: Result<&CompoundDecision, &CompoundDenial>) {
         let denial = match result {
             Ok(_) => {
-                self.add(Cell::Admitted, 1);
-                self.add(Cell::AdmittedCost, cost);
+                self.0.add_all([
+                    (Cell::Admitted as usize, 1),
+                    (Cell::AdmittedCost as usize, cost),
+                ]);
                 return;
             }
             Err(denial) => denial,
@@ -131,11 +133,13 @@ impl CompoundCounters {
             | CompoundDenial::NoScopes
             | CompoundDenial::CrossSlot { .. } => Cell::BadCall,
         };
-        self.add(cell, 1);
-        if let Some((scope, quota)) = denial.binding() {
-            let scope = scope.min(COUNTED_SCOPES - 1);
-            let index = Cell::Binding as usize + scope * MAX_QUOTAS + quota.min(MAX_QUOTAS - 1);
-            self.0.add(index, 1);
+        match denial.binding() {
+            Some((scope, quota)) => {
+                let scope = scope.min(COUNTED_SCOPES - 1);
+                let index = Cell::Binding as usize + scope * MAX_QUOTAS + quota.min(MAX_QUOTAS - 1);
+                self.0.add_all([(cell as usize, 1), (index, 1)]);
+            }
+            None => self.add(cell, 1),
         }
     }
 

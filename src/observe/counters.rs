@@ -145,6 +145,16 @@ impl<const N: usize> Striped<N> {
         self.add_at(slot::index(), cell, n);
     }
 
+    /// Adds each `(cell, n)` of `adds` in the calling thread's stripe,
+    /// looking the thread's slot up once.
+    #[inline]
+    pub(crate) fn add_all<const M: usize>(&self, adds: [(usize, u64); M]) {
+        let index = slot::index();
+        for (cell, n) in adds {
+            self.add_at(index, cell, n);
+        }
+    }
+
     /// Adds `n` to counter `cell` in the stripe of the calling thread,
     /// whose slot is `index` (see `slot::index`).
     #[inline]
