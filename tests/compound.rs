@@ -171,6 +171,55 @@ fn sweep_and_cap() {
     assert!(limiter.is_empty());
 }
 
+/// The automatic sweep keeps a flood of keys called once bounded (the
+/// bound its docs state: about 64 shards x 16 keys, at most twice that),
+/// and never evicts a bucket that is not full: a key under a daily quota,
+/// called all along, keeps every spend.
+#[test]
+fn the_automatic_sweep_bounds_a_flood_and_keeps_what_is_not_full() {
+    let burst = Policy::from(keyrate::Quota::new(1_000.0, 1).unwrap());
+    let daily = Policy::from(keyrate::Quota::new(50_000.0 / 86_400.0, 50_000).unwrap());
+    let limiter = CompoundLimiter::new();
+    let mut most = 0;
+    let mut steady = 0;
+    for i in 0..100_000u32 {
+        // Each flood key's bucket is full again 1 ms after its call.
+        let now = f64::from(i) / 1_000.0;
+        let key = format!("flood-{i}");
+        assert!(limiter.check(key.as_str(), &burst, now, 1).is_ok());
+        if i % 100 == 0 {
+            assert!(limiter.check("steady", &daily, now, 1).is_ok());
+            steady += 1;
+        }
+        most = most.max(limiter.len());
+    }
+    assert!(most <= 2 * 64 * 16, "{most} keys held at once");
+    assert!(limiter.len() < 100_000 / 2, "the sweep removed most keys");
+    // Not one of the steady key's spends was lost to an eviction.
+    let at = 99_999.0 / 1_000.0;
+    assert_eq!(
+        limiter.remaining("steady", &daily, at),
+        Ok(least_daily(steady, at))
+    );
+
+    // Off: every key stays.
+    let kept = CompoundLimiter::new().with_auto_sweep(false);
+    for i in 0..5_000u32 {
+        let key = format!("flood-{i}");
+        assert!(kept
+            .check(key.as_str(), &burst, f64::from(i) / 1_000.0, 1)
+            .is_ok());
+    }
+    assert_eq!(kept.len(), 5_000);
+}
+
+/// Whole tokens left in the steady key's daily quota at `at`: 50,000
+/// less its calls, plus what the refill since the first gave back.
+fn least_daily(calls: u64, at: f64) -> u64 {
+    let refilled = (at * 50_000.0 / 86_400.0).floor() as u64;
+    (50_000 - calls + refilled).min(50_000)
+}
+
 #[test]
 fn public_types_are_send_sync_debug() {
     fn check<T: Send + Sync + std::fmt::Debug>() {}

@@ -96,6 +96,41 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         self
     }
 
+    /// Whether calls sweep full buckets away as new keys arrive (on by
+    /// default): every 16 new keys, or one in 64 of the keys held if that
+    /// is more, a call that went through the map sweeps one of the
+    /// map's 64 shards after its decision, the shards in turn. A flood of
+    /// keys each called once then keeps about a thousand buckets; keys
+    /// whose buckets are not full stay. Off, only [`sweep`](Self::sweep)
+    /// and [`with_max_keys`](Self::with_max_keys) remove buckets.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::{CompoundLimiter, Policy, Quota};
+    ///
+    /// let policy = Policy::from(Quota::new(1_000.0, 1).unwrap());
+    /// let limiter = CompoundLimiter::new();
+    /// for i in 0..20_000u32 {
+    ///     // Each key's bucket is full again 1 ms after its call.
+    ///     let now = f64::from(i) / 1_000.0;
+    ///     assert!(limiter.check(format!("key-{i}").as_str(), &policy, now, 1).is_ok());
+    /// }
+    /// assert!(limiter.len() <= 2_048);
+    ///
+    /// let kept = CompoundLimiter::new().with_auto_sweep(false);
+    /// for i in 0..10_000u32 {
+    ///     let now = f64::from(i) / 1_000.0;
+    ///     assert!(kept.check(format!("key-{i}").as_str(), &policy, now, 1).is_ok());
+    /// }
+    /// assert_eq!(kept.len(), 10_000);
+    /// ```
+    #[must_use]
+    pub fn with_auto_sweep(mut self, on: bool) -> Self {
+        self.store.set_auto_sweep(on);
+        self
+    }
+
     /// Whether a thread that keeps calling one key caches that key's
     /// bucket (on by default): its later calls on the key then take no
     /// shard lock, and a denial reads the bucket without writing

@@ -66,6 +66,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         if let Some(cell) = promoted {
             self.hot.insert(hash, key.to_owned(), cell);
         }
+        self.store.step(now);
         decided
     }
 
@@ -93,6 +94,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             loop {
                 let mut cells = vec![None; n];
                 if let Ok(decided) = self.charge_from_map(&mut cells, &hashes, scopes, now, cost)? {
+                    drop(cells);
+                    self.store.step(now);
                     return decided;
                 }
             }
@@ -123,6 +126,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
                         }
                     }
                 }
+                self.store.step(now);
                 return decided;
             }
         }

@@ -23,12 +23,26 @@
 //! A cell holds as many words as the policy that made it has quotas; a
 //! call whose policy has more finds it too short, and the map replaces it
 //! (under the shard's lock) by a longer copy, retiring the old one.
+//!
+//! # The automatic sweep
+//!
+//! Unless turned off, every [`MIN_STEP`] new keys, or one in
+//! `SHARDS` of the keys held if that is more, a call that went through
+//! the map sweeps one shard ([`Store::step`]), the shards in turn, after
+//! its decision and with no lock held. A pass over every shard thus
+//! takes at least as many new keys as the map held when it started, so
+//! the sweep costs a few cell visits per new key, and a call pays for one
+//! shard, never for the map. While new keys' buckets are full by the time
+//! the sweep next passes their shard (a flood of keys each called once),
+//! the map holds about `SHARDS * MIN_STEP` keys at most; otherwise it
+//! holds the keys whose buckets were not full when the sweep last passed,
+//! and at most as many again made since.
 
 use super::cell::{Cell, Retired};
 use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
-use crate::sync::{Arc, AtomicUsize, Lock, Ordering};
+use crate::sync::{unmodeled, Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
 use hashbrown::HashTable;
 use std::borrow::Borrow;
@@ -38,6 +52,9 @@ use std::hash::{BuildHasher, Hash};
 /// for one hash lookup, uncontended. One under loom: a small model.
 #[cfg(not(loom))]
 const SHARDS: usize = 64;
+
+/// The fewest new keys between two steps of the automatic sweep.
+const MIN_STEP: usize = 16;
 #[cfg(loom)]
 const SHARDS: usize = 1;
 
@@ -58,6 +75,14 @@ pub(crate) struct Store<K, S> {
     len: AtomicUsize,
     /// The most entries the map holds.
     max_keys: usize,
+    /// Whether calls run the automatic sweep's steps.
+    auto_sweep: bool,
+    /// Keys made since the automatic sweep's last step. This and
+    /// `cursor` only pace the sweep: `unmodeled` atomics, that loom's
+    /// models (which never step, see `step`) do not explore.
+    made: unmodeled::AtomicUsize,
+    /// The shard the automatic sweep's next step visits (wrapping).
+    cursor: unmodeled::AtomicUsize,
 }
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
@@ -68,7 +93,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             shards,
             len: AtomicUsize::new(0),
             max_keys: usize::MAX,
+            auto_sweep: true,
+            made: unmodeled::AtomicUsize::new(0),
+            cursor: unmodeled::AtomicUsize::new(0),
         }
+    }
+
+    pub(crate) fn set_auto_sweep(&mut self, on: bool) {
+        self.auto_sweep = on;
     }
 
     pub(crate) fn set_max_keys(&mut self, max_keys: usize) {
@@ -147,37 +179,71 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |len| {
                 (len < self.max_keys).then_some(len + 1)
             })
-            .map(drop)
-            .map_err(|_| Full)
+            .map_err(|_| Full)?;
+        if self.auto_sweep {
+            // Relaxed: only paces the automatic sweep (see `step`).
+            self.made.fetch_add(1, unmodeled::Relaxed);
+        }
+        Ok(())
     }
 
-    /// Removes every entry whose words are all full at `now`, retiring
-    /// its cell; returns how many it removed.
-    pub(crate) fn sweep(&self, now: Nanos) -> usize {
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let mut map = shard.lock();
-            let before = map.len();
-            map.retain(|(_, cell)| match cell.lock() {
-                Ok(mut locked) => {
-                    let full = decide::all_full(&locked.words, now);
-                    if full {
-                        locked.retire();
-                    }
-                    !full
-                }
-                // Cells in the map are never retired (both happen under
-                // the shard's lock).
-                Err(Retired) => false,
-            });
-            removed += before - map.len();
+    /// One step of the automatic sweep at `now`, if one is due (see the
+    /// module docs): sweeps the next shard. The caller holds no lock (a
+    /// shard's, then its cells', are taken here). Returns how many keys
+    /// it removed.
+    ///
+    /// Under loom, never: the models sweep by hand, and `sweep_shard` is
+    /// the code both run.
+    #[inline]
+    pub(crate) fn step(&self, now: Nanos) -> usize {
+        if cfg!(loom) {
+            return 0;
         }
+        let every = (self.len() / self.shards.len()).max(MIN_STEP);
+        // Relaxed, here and below: these counts pace the sweep and order
+        // nothing (what is removed is decided under the locks). Of two
+        // calls that find a step due, the one whose swap takes the count
+        // runs it.
+        if self.made.load(Ordering::Relaxed) < every || self.made.swap(0, Ordering::Relaxed) < every
+        {
+            return 0;
+        }
+        let shard = self.cursor.fetch_add(1, unmodeled::Relaxed) % self.shards.len();
+        self.sweep_shard(shard, now)
+    }
+
+    /// Sweeps every shard at `now`: a caller's `sweep`, and a call that
+    /// needs a new key when the map holds `max_keys`.
+    pub(crate) fn sweep(&self, now: Nanos) -> usize {
+        (0..self.shards.len())
+            .map(|shard| self.sweep_shard(shard, now))
+            .sum()
+    }
+
+    /// Removes shard `shard`'s cells that are full at `now` (see the
+    /// module docs); returns how many.
+    fn sweep_shard(&self, shard: usize, now: Nanos) -> usize {
+        let mut map = self.shards[shard].lock();
+        let before = map.len();
+        map.retain(|(_, cell)| match cell.lock() {
+            Ok(mut locked) => {
+                let full = decide::all_full(&locked.words, now);
+                if full {
+                    locked.retire();
+                }
+                !full
+            }
+            // Cells in the map are never retired (both happen under
+            // the shard's lock).
+            Err(Retired) => false,
+        });
+        let removed = before - map.len();
+        drop(map);
         // Relaxed: as in `reserve`.
         self.len.fetch_sub(removed, Ordering::Relaxed);
         removed
     }
 
-    /// The words of the key's cell, if it has one (for the loom models).
     #[cfg(loom)]
     pub(crate) fn words<Q>(&self, key: &Q) -> Option<[u64; MAX_QUOTAS]>
     where
