@@ -96,13 +96,15 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         self
     }
 
-    /// Whether calls sweep full buckets away as new keys arrive (on by
-    /// default): every 16 new keys, or one in 64 of the keys held if that
-    /// is more, a call that went through the map sweeps one of the
-    /// map's 64 shards after its decision, the shards in turn. A flood of
-    /// keys each called once then keeps about a thousand buckets; keys
-    /// whose buckets are not full stay. Off, only [`sweep`](Self::sweep)
-    /// and [`with_max_keys`](Self::with_max_keys) remove buckets.
+    /// Whether calls sweep idle buckets away as new keys arrive (on by
+    /// default): every 16 new keys at least, a call that went through the
+    /// map sweeps one of the map's 64 shards after its decision, the
+    /// shards in turn, removing the buckets that were already full when
+    /// the previous pass over the shards started. A flood of keys each
+    /// called once then keeps at most a few thousand buckets, and a key
+    /// called at least once a pass keeps its bucket. Off, only
+    /// [`sweep`](Self::sweep) and [`with_max_keys`](Self::with_max_keys)
+    /// remove buckets.
     ///
     /// # Examples
     ///
@@ -116,7 +118,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     ///     let now = f64::from(i) / 1_000.0;
     ///     assert!(limiter.check(format!("key-{i}").as_str(), &policy, now, 1).is_ok());
     /// }
-    /// assert!(limiter.len() <= 2_048);
+    /// assert!(limiter.len() <= 3_072);
     ///
     /// let kept = CompoundLimiter::new().with_auto_sweep(false);
     /// for i in 0..10_000u32 {

@@ -26,22 +26,26 @@
 //!
 //! # The automatic sweep
 //!
-//! Unless turned off, every [`MIN_STEP`] new keys, or one in
-//! `SHARDS` of the keys held if that is more, a call that went through
-//! the map sweeps one shard ([`Store::step`]), the shards in turn, after
-//! its decision and with no lock held. A pass over every shard thus
-//! takes at least as many new keys as the map held when it started, so
-//! the sweep costs a few cell visits per new key, and a call pays for one
-//! shard, never for the map. While new keys' buckets are full by the time
-//! the sweep next passes their shard (a flood of keys each called once),
-//! the map holds about `SHARDS * MIN_STEP` keys at most; otherwise it
-//! holds the keys whose buckets were not full when the sweep last passed,
-//! and at most as many again made since.
+//! Unless turned off, a call that went through the map and finds enough
+//! keys made since the last step sweeps one shard ([`Store::step`]),
+//! after its decision and with no lock held, the shards in turn: a pass
+//! visits each once. A step removes only the buckets that were already
+//! full when the previous pass started (a second chance: a key called at
+//! least once a pass keeps its bucket). A pass is spread over at least
+//! `SHARDS * MIN_STEP` new keys and a quarter of those the previous pass
+//! kept; it grows while the keys made are, in a good share, keys it
+//! removed recently, and shrinks otherwise (the in-memory limiter's rule,
+//! over the same ghosts of removed keys). So the sweep costs a few cell
+//! visits per new key, a call pays for one shard, never for the map, a
+//! flood of keys each called once keeps about three passes of new keys
+//! (3,072 at the floor), and keys that come back are kept.
 
 use super::cell::{Cell, Retired};
 use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
+use crate::keyed::ghosts::Ghosts;
+use crate::keyed::occupancy::one_in;
 use crate::sync::{unmodeled, Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
 use hashbrown::HashTable;
@@ -77,12 +81,32 @@ pub(crate) struct Store<K, S> {
     max_keys: usize,
     /// Whether calls run the automatic sweep's steps.
     auto_sweep: bool,
-    /// Keys made since the automatic sweep's last step. This and
-    /// `cursor` only pace the sweep: `unmodeled` atomics, that loom's
-    /// models (which never step, see `step`) do not explore.
+    /// The automatic sweep's pace and place.
+    pace: Pace,
+    /// A sample of the keys the automatic sweep removed, to tell keys
+    /// that come back from keys seen once (see `next_pass`).
+    ghosts: Ghosts,
+}
+
+/// Where the automatic sweep is and when it steps. Only paces the sweep:
+/// `unmodeled` atomics, that loom's models (which never step, see
+/// [`Store::step`]) do not explore.
+#[derive(Default)]
+struct Pace {
+    /// Keys made since the last step.
     made: unmodeled::AtomicUsize,
-    /// The shard the automatic sweep's next step visits (wrapping).
+    /// New keys between two steps, before the floor [`MIN_STEP`]: a
+    /// shard's share of the pass's length (see [`Store::next_pass`]).
+    every: unmodeled::AtomicUsize,
+    /// The shard the next step visits (wrapping).
     cursor: unmodeled::AtomicUsize,
+    /// Keys kept by this pass's steps so far.
+    kept: unmodeled::AtomicUsize,
+    /// The timestamp of the step that started this pass.
+    started: unmodeled::AtomicU64,
+    /// The timestamp of the step that started the previous pass: a step
+    /// removes only buckets full since then.
+    idle_since: unmodeled::AtomicU64,
 }
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
@@ -94,8 +118,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             len: AtomicUsize::new(0),
             max_keys: usize::MAX,
             auto_sweep: true,
-            made: unmodeled::AtomicUsize::new(0),
-            cursor: unmodeled::AtomicUsize::new(0),
+            pace: Pace::default(),
+            ghosts: Ghosts::new(),
         }
     }
 
@@ -163,6 +187,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             return Ok(f(cell));
         }
         self.reserve()?;
+        if self.auto_sweep {
+            self.ghosts.created(hash);
+        }
         let cell = Cell::new(len);
         let result = f(&cell);
         let hasher = &self.hasher;
@@ -182,15 +209,16 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             .map_err(|_| Full)?;
         if self.auto_sweep {
             // Relaxed: only paces the automatic sweep (see `step`).
-            self.made.fetch_add(1, unmodeled::Relaxed);
+            self.pace.made.fetch_add(1, unmodeled::Relaxed);
         }
         Ok(())
     }
 
     /// One step of the automatic sweep at `now`, if one is due (see the
-    /// module docs): sweeps the next shard. The caller holds no lock (a
-    /// shard's, then its cells', are taken here). Returns how many keys
-    /// it removed.
+    /// module docs): sweeps the next shard of the buckets that were
+    /// already full when the previous pass started. The caller holds no
+    /// lock (a shard's, then its cells', are taken here). Returns how many
+    /// keys it removed.
     ///
     /// Under loom, never: the models sweep by hand, and `sweep_shard` is
     /// the code both run.
@@ -199,37 +227,76 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         if cfg!(loom) {
             return 0;
         }
-        let every = (self.len() / self.shards.len()).max(MIN_STEP);
+        let pace = &self.pace;
+        let every = pace.every.load(unmodeled::Relaxed).max(MIN_STEP);
         // Relaxed, here and below: these counts pace the sweep and order
         // nothing (what is removed is decided under the locks). Of two
         // calls that find a step due, the one whose swap takes the count
         // runs it.
-        if self.made.load(Ordering::Relaxed) < every || self.made.swap(0, Ordering::Relaxed) < every
+        if pace.made.load(unmodeled::Relaxed) < every
+            || pace.made.swap(0, unmodeled::Relaxed) < every
         {
             return 0;
         }
-        let shard = self.cursor.fetch_add(1, unmodeled::Relaxed) % self.shards.len();
-        self.sweep_shard(shard, now)
+        let shards = self.shards.len();
+        let shard = pace.cursor.fetch_add(1, unmodeled::Relaxed) % shards;
+        if shard == 0 {
+            // A pass starts: the previous one's start is now the bound, and
+            // the pass it ended paces this one.
+            let previous = pace.started.swap(now.as_u64(), unmodeled::Relaxed);
+            pace.idle_since.store(previous, unmodeled::Relaxed);
+            let length = self.next_pass(every * shards, pace.kept.swap(0, unmodeled::Relaxed));
+            pace.every.store(length / shards, unmodeled::Relaxed);
+        }
+        // Never above `now`: what goes is full at `now`, so the sweep stays
+        // exact even when timestamps run backwards.
+        let bound = Nanos::new(pace.idle_since.load(unmodeled::Relaxed)).min(now);
+        let (removed, kept) = self.sweep_shard(shard, bound);
+        pace.kept.fetch_add(kept, unmodeled::Relaxed);
+        removed
+    }
+
+    /// The new keys the next pass is spread over, after a pass of
+    /// `length` that kept `kept` keys: twice `length` while a good share
+    /// of the new keys are keys the sweep removed recently (the passes are
+    /// then too short for their calls: removing them only made them
+    /// again), else three quarters of it; at least a quarter of `kept` and
+    /// `SHARDS * MIN_STEP`. The in-memory limiter's rule (`keyed`'s
+    /// occupancy), over the same ghosts of removed keys: keys seen once
+    /// shrink the passes to the floor, keys that come back lengthen them
+    /// until they are kept.
+    fn next_pass(&self, length: usize, kept: usize) -> usize {
+        let (watched, returned) = self.ghosts.end_pass();
+        let next = if returned >= 4 && returned * 8 >= watched {
+            length.saturating_mul(2)
+        } else {
+            length - length / 4
+        };
+        next.max(kept / 4).max(self.shards.len() * MIN_STEP)
     }
 
     /// Sweeps every shard at `now`: a caller's `sweep`, and a call that
     /// needs a new key when the map holds `max_keys`.
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         (0..self.shards.len())
-            .map(|shard| self.sweep_shard(shard, now))
+            .map(|shard| self.sweep_shard(shard, now).0)
             .sum()
     }
 
     /// Removes shard `shard`'s cells that are full at `now` (see the
-    /// module docs); returns how many.
-    fn sweep_shard(&self, shard: usize, now: Nanos) -> usize {
+    /// module docs); returns how many it removed and how many it kept.
+    fn sweep_shard(&self, shard: usize, now: Nanos) -> (usize, usize) {
         let mut map = self.shards[shard].lock();
         let before = map.len();
-        map.retain(|(_, cell)| match cell.lock() {
+        let (ghosts, hasher) = (&self.ghosts, &self.hasher);
+        map.retain(|(key, cell)| match cell.lock() {
             Ok(mut locked) => {
                 let full = decide::all_full(&locked.words, now);
                 if full {
                     locked.retire();
+                    if Ghosts::sampled(one_in) {
+                        ghosts.evicted(hasher.hash_one(key));
+                    }
                 }
                 !full
             }
@@ -237,11 +304,11 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // the shard's lock).
             Err(Retired) => false,
         });
-        let removed = before - map.len();
+        let kept = map.len();
         drop(map);
         // Relaxed: as in `reserve`.
-        self.len.fetch_sub(removed, Ordering::Relaxed);
-        removed
+        self.len.fetch_sub(before - kept, Ordering::Relaxed);
+        (before - kept, kept)
     }
 
     #[cfg(loom)]

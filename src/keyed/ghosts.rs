@@ -40,7 +40,7 @@ const PASS_MASK: u32 = (1 << PASS_BITS) - 1;
 const HORIZON: u32 = 256;
 
 /// The sampled evictions and returns (see the module docs).
-pub(super) struct Ghosts {
+pub(crate) struct Ghosts {
     /// Per slot: a recorded key's fingerprint above `PASS_BITS` bits of
     /// the pass number that evicted it; 0 when never written (and ignored:
     /// a key of fingerprint 0 evicted in a pass numbered 0 modulo 4096 is
@@ -73,7 +73,7 @@ fn counted(hash: u64) -> bool {
 }
 
 impl Ghosts {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Ghosts {
             slots: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             pass: AtomicU32::new(0),
@@ -85,7 +85,7 @@ impl Ghosts {
     /// Records that the sweep evicted the key whose hash is `hash`. The
     /// sweep calls this for one eviction in [`SAMPLE`] (see
     /// [`Ghosts::sampled`]).
-    pub(super) fn evicted(&self, hash: u64) {
+    pub(crate) fn evicted(&self, hash: u64) {
         let (slot, fingerprint) = ghost_of(hash);
         // Relaxed, here and below: a ghost only paces the sweep (module
         // docs); a stale pass number misdates it by one pass.
@@ -98,13 +98,13 @@ impl Ghosts {
     /// none is: the model's map hashes every key to 0, and the models keep
     /// the pacing they were written for.
     #[inline]
-    pub(super) fn sampled(one_in: impl FnOnce(usize) -> bool) -> bool {
+    pub(crate) fn sampled(one_in: impl FnOnce(usize) -> bool) -> bool {
         !cfg!(loom) && one_in(SAMPLE as usize)
     }
 
     /// The key whose hash is `hash` got a new bucket.
     #[inline]
-    pub(super) fn created(&self, hash: u64) {
+    pub(crate) fn created(&self, hash: u64) {
         if cfg!(loom) {
             return;
         }
@@ -142,7 +142,7 @@ impl Ghosts {
     /// [`SAMPLE`]) and the returns among all of them (each key's eviction
     /// recorded one time in [`SAMPLE`]): two samples at one rate. Called
     /// by the sweep step that ends the pass.
-    pub(super) fn end_pass(&self) -> (usize, usize) {
+    pub(crate) fn end_pass(&self) -> (usize, usize) {
         // Relaxed: counts for the pacing only; the swaps lose none.
         self.pass.fetch_add(1, Relaxed);
         (

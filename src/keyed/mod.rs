@@ -2,12 +2,12 @@
 
 mod build;
 mod calls;
-mod ghosts;
+pub(crate) mod ghosts;
 mod handle;
 mod life;
 mod map_path;
 mod observe;
-mod occupancy;
+pub(crate) mod occupancy;
 mod plan;
 mod spend;
 mod sweep;

@@ -127,7 +127,7 @@ const PRESSURE_SAMPLED_FROM: usize = 32;
 /// and threads that create only a few buckets each still count their share
 /// on average.
 #[cfg(not(loom))]
-pub(super) fn one_in(n: usize) -> bool {
+pub(crate) fn one_in(n: usize) -> bool {
     use crate::dice::Dice;
     use std::cell::Cell;
     thread_local! {
@@ -143,7 +143,7 @@ pub(super) fn one_in(n: usize) -> bool {
 }
 
 #[cfg(loom)]
-pub(super) fn one_in(_: usize) -> bool {
+pub(crate) fn one_in(_: usize) -> bool {
     true
 }
 
