@@ -331,6 +331,27 @@ fn threads_charging_overlapping_scopes() {
     }
 }
 
+/// A limiter with the hot-key cache and one without, both sweeping only
+/// when told to (so that their sizes and sweeps can be compared).
+fn cached_and_plain() -> (CompoundLimiter, CompoundLimiter) {
+    let cached = CompoundLimiter::new().with_auto_sweep(false);
+    let plain = CompoundLimiter::new()
+        .with_hot_key_cache(false)
+        .with_auto_sweep(false);
+    (cached, plain)
+}
+
+/// A small generator of costs and steps (`next(n)` below `n`), from a
+/// fixed start: the tests need no seed.
+fn generator(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) % n
+    }
+}
+
 /// A key hammered from one thread is served from that thread's cache of
 /// hot cells (lock-free denials, admissions under the cell's lock), and
 /// through sweeps that retire its cell and policies that lengthen it,
@@ -340,18 +361,8 @@ fn the_hot_key_cache_changes_no_decision() {
     let sec = 1_000_000_000;
     let one = Policy::new([quota(sec, 3)]).unwrap();
     let three = Policy::new([quota(sec, 3), quota(3 * sec, 5), quota(sec / 2, 8)]).unwrap();
-    let cached = CompoundLimiter::new().with_auto_sweep(false);
-    let plain = CompoundLimiter::new()
-        .with_hot_key_cache(false)
-        .with_auto_sweep(false);
-    // A small generator of costs and steps: the test needs no seed.
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        (state >> 33) % n
-    };
+    let (cached, plain) = cached_and_plain();
+    let mut next = generator(0x9e37_79b9_7f4a_7c15);
     let mut now = 0u64;
     for call in 0..20_000u64 {
         now += next(400_000_000);
@@ -398,18 +409,8 @@ fn the_hot_key_cache_changes_no_decision_of_several_scopes() {
     // Each binds about as often as the others.
     let org = Policy::new([quota(sec * 85 / 100, 4)]).unwrap();
     let global = Policy::new([quota(sec * 8 / 10, 5), quota(sec / 4, 10)]).unwrap();
-    let cached = CompoundLimiter::new().with_auto_sweep(false);
-    let plain = CompoundLimiter::new()
-        .with_hot_key_cache(false)
-        .with_auto_sweep(false);
-    // A small generator of costs and steps: the test needs no seed.
-    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move |n: u64| {
-        state = state
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1);
-        (state >> 33) % n
-    };
+    let (cached, plain) = cached_and_plain();
+    let mut next = generator(0x2545_f491_4f6c_dd1d);
     let mut now = 0u64;
     // Denials by binding scope: the key, the org, the global key.
     let mut bound_by = [0u32; 3];

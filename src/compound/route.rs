@@ -52,17 +52,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             drop(locked);
             (decided, promote.then(|| Arc::clone(cell)))
         };
-        let (decided, promoted) = match self.store.with_cell(hash, key, len, charge) {
-            Ok(charged) => charged,
-            Err(_) => {
-                self.store.sweep(now);
-                self.store.with_cell(hash, key, len, charge).map_err(|_| {
-                    CompoundDenial::LimiterFull {
-                        max_keys: self.store.max_keys(),
-                    }
-                })?
-            }
-        };
+        let (decided, promoted) = self.in_map(hash, key, len, now, charge)?;
         if let Some(cell) = promoted {
             self.hot.insert(hash, key.to_owned(), cell);
         }
@@ -147,7 +137,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         for ((cell, &hash), &(key, policy)) in cells.iter_mut().zip(hashes).zip(scopes) {
-            *cell = Some(self.cell(hash, key, policy.quotas().len(), now)?);
+            *cell = Some(self.in_map(hash, key, policy.quotas().len(), now, Arc::clone)?);
         }
         #[cfg(loom)]
         if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
@@ -156,24 +146,27 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         Ok(charge(cells, scopes, now, cost))
     }
 
-    /// The key's cell of at least `len` words (its hash is `hash`), made
-    /// if new; at the cap, after one sweep at `now`.
-    fn cell<Q>(
+    /// `f` on the key's cell of at least `len` words in the map (its hash
+    /// is `hash`), made if new, under its shard's lock; at the cap, after
+    /// one sweep at `now`, and [`CompoundDenial::LimiterFull`] if the
+    /// sweep made no room.
+    fn in_map<Q, T>(
         &self,
         hash: u64,
         key: &Q,
         len: usize,
         now: Nanos,
-    ) -> Result<Arc<Cell>, CompoundDenial>
+        f: impl Fn(&Arc<Cell>) -> T,
+    ) -> Result<T, CompoundDenial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.store
-            .with_cell(hash, key, len, Arc::clone)
+            .with_cell(hash, key, len, &f)
             .or_else(|_| {
                 self.store.sweep(now);
-                self.store.with_cell(hash, key, len, Arc::clone)
+                self.store.with_cell(hash, key, len, &f)
             })
             .map_err(|_| CompoundDenial::LimiterFull {
                 max_keys: self.store.max_keys(),

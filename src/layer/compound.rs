@@ -23,7 +23,7 @@
 
 use super::headers::{ceil_secs, header_value, limiter_full, sf_string};
 use super::keys::{self, DEFAULT_MAX_KEY_LEN};
-use super::{unit_cost, unshared, ResponseFuture, UnitCost};
+use super::{take_ready, unit_cost, unshared, ResponseFuture, UnitCost};
 use crate::compound::{AsyncCompound, CompoundDecision, CompoundDenial, CompoundRefusal, Policy};
 use crate::observe::{ResponseCounts, Responses, Status};
 use crate::time::Now;
@@ -284,8 +284,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let mut inner = take_ready(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (parts, body) = request.into_parts();

@@ -99,6 +99,14 @@ fn unit_cost(_: &Parts) -> u64 {
 /// [`ConcurrencyLimitService`] call.
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
+/// The inner service that was polled ready, to serve this request; a
+/// clone takes its place for the next one (a service cloned into its
+/// call's future must answer with the clone that `poll_ready` prepared).
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let ready = inner.clone();
+    std::mem::replace(inner, ready)
+}
+
 /// A layer's configuration, taken back to be changed: it must not be
 /// shared yet (a layer is configured before it is cloned or used).
 fn unshared<T>(shared: Arc<T>, layer: &str) -> T {

@@ -6,7 +6,7 @@
 use super::{ConcurrencyLimitLayer, DefaultMax, Shared};
 use crate::concurrency::{AsyncConcurrencyLimiter, ConcurrencyLimiter};
 use crate::layer::held::{HeldPermit, PermitBody};
-use crate::layer::{headers, keys, ResponseFuture};
+use crate::layer::{headers, keys, take_ready, ResponseFuture};
 use crate::observe::Status;
 use http::request::Parts;
 use http::{Request, Response};
@@ -82,10 +82,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service that was polled ready serves this request; a clone
-        // takes its place for the next one.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let mut inner = take_ready(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();

@@ -5,7 +5,7 @@
 use super::{DefaultQuota, RateLimitLayer, Shared};
 use crate::gcra::Quota;
 use crate::layer::keys::{self, Limited};
-use crate::layer::{ResponseFuture, UnitCost};
+use crate::layer::{take_ready, ResponseFuture, UnitCost};
 use crate::limiter::AsyncLimiter;
 use crate::observe::Status;
 use crate::time::{At, Now};
@@ -85,10 +85,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service that was polled ready serves this request; a clone
-        // takes its place for the next one.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let mut inner = take_ready(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
