@@ -56,11 +56,11 @@ use std::hash::{BuildHasher, Hash};
 /// for one hash lookup, uncontended. One under loom: a small model.
 #[cfg(not(loom))]
 const SHARDS: usize = 64;
+#[cfg(loom)]
+const SHARDS: usize = 1;
 
 /// The fewest new keys between two steps of the automatic sweep.
 const MIN_STEP: usize = 16;
-#[cfg(loom)]
-const SHARDS: usize = 1;
 
 /// One shard: its keys and their cells, placed by the store's hash (a
 /// table, not a map, so that a call hashes its key once, for its shard,
@@ -311,6 +311,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         (before - kept, kept)
     }
 
+    /// The words of the key's cell, if it has one (for the loom models).
     #[cfg(loom)]
     pub(crate) fn words<Q>(&self, key: &Q) -> Option<[u64; MAX_QUOTAS]>
     where
