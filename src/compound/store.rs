@@ -45,7 +45,7 @@ use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
 use crate::keyed::ghosts::Ghosts;
-use crate::keyed::occupancy::one_in;
+use crate::keyed::occupancy::{next_pass_length, one_in};
 use crate::sync::{unmodeled, Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
 use hashbrown::HashTable;
@@ -257,22 +257,12 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     }
 
     /// The new keys the next pass is spread over, after a pass of
-    /// `length` that kept `kept` keys: twice `length` while a good share
-    /// of the new keys are keys the sweep removed recently (the passes are
-    /// then too short for their calls: removing them only made them
-    /// again), else three quarters of it; at least a quarter of `kept` and
-    /// `SHARDS * MIN_STEP`. The in-memory limiter's rule (`keyed`'s
-    /// occupancy), over the same ghosts of removed keys: keys seen once
-    /// shrink the passes to the floor, keys that come back lengthen them
-    /// until they are kept.
+    /// `length` that kept `kept` keys: the in-memory limiter's rule
+    /// ([`next_pass_length`]) over this store's ghosts, with a floor of
+    /// `SHARDS * MIN_STEP`. Keys seen once shrink the passes to the floor;
+    /// keys that come back lengthen them until they are kept.
     fn next_pass(&self, length: usize, kept: usize) -> usize {
-        let (watched, returned) = self.ghosts.end_pass();
-        let next = if returned >= 4 && returned * 8 >= watched {
-            length.saturating_mul(2)
-        } else {
-            length - length / 4
-        };
-        next.max(kept / 4).max(self.shards.len() * MIN_STEP)
+        next_pass_length(length, kept, &self.ghosts, self.shards.len() * MIN_STEP)
     }
 
     /// Sweeps every shard at `now`: a caller's `sweep`, and a call that

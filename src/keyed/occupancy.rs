@@ -122,6 +122,22 @@ const PRESSURE_ONE_IN: usize = 1;
 /// count every creation, so that a small map's pace stays exact.
 const PRESSURE_SAMPLED_FROM: usize = 32;
 
+/// The pacing rule of both automatic sweeps (this limiter's and the
+/// compound limiter's): the creations the next pass is spread over, after
+/// a pass of `length` that left `left` entries, ending the pass in
+/// `ghosts`. Twice `length` while a good share of the new entries are for
+/// keys evicted recently, else three quarters of it; at least `left /`
+/// [`LEFT_PER_CREATION`] and `floor`.
+pub(crate) fn next_pass_length(length: usize, left: usize, ghosts: &Ghosts, floor: usize) -> usize {
+    let (watched, returned) = ghosts.end_pass();
+    let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
+        length.saturating_mul(2)
+    } else {
+        length - length / 4
+    };
+    next.max(left / LEFT_PER_CREATION).max(floor)
+}
+
 /// True about one call in `n` (a power of two), at random, from the
 /// calling thread's own [`Dice`](crate::dice::Dice): no key can steer it,
 /// and threads that create only a few buckets each still count their share
@@ -325,15 +341,9 @@ impl Occupancy {
     /// come back lengthen the passes until they are kept, however long
     /// their calls are apart (up to a few hundred passes).
     fn next_pass(&self, left: usize) -> usize {
-        let (watched, returned) = self.ghosts.end_pass();
         // Relaxed: guarded by `sweeping` (see `position`).
         let length = self.pass_length.load(Ordering::Relaxed);
-        let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
-            length.saturating_mul(2)
-        } else {
-            length - length / 4
-        };
-        next.max(left / LEFT_PER_CREATION).max(MIN_SWEEP_INTERVAL)
+        next_pass_length(length, left, &self.ghosts, MIN_SWEEP_INTERVAL)
     }
 
     fn capped(&self) -> bool {
