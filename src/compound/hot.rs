@@ -293,6 +293,7 @@ impl HotCells {
     /// [`probe`](Self::probe) (a key whose cached cell is retired drops it
     /// when it votes), and `promote[i]` says whether key `i` should now be
     /// cached. At most [`MAX_SCOPES`] scopes.
+    #[inline]
     pub(crate) fn probe_all<K, Q, R>(
         &self,
         hashes: &[u64],
