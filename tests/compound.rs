@@ -171,6 +171,46 @@ fn sweep_and_cap() {
     assert!(limiter.is_empty());
 }
 
+/// At the cap, a call for a new key sweeps at most one shard (the one
+/// whose buckets can be full soonest), so it may be refused while a full
+/// bucket sits in another shard; each refusal leaves one shard known to
+/// hold no full bucket, so at one instant a new key gets in within one
+/// refused call per shard (64), and only the full bucket goes.
+#[test]
+fn at_the_cap_a_new_key_gets_the_full_buckets_place_within_a_pass_of_refusals() {
+    let sec = 1_000_000_000;
+    let policy = Policy::from(quota(sec, 2));
+    let limiter = CompoundLimiter::new()
+        .with_max_keys(200)
+        .with_auto_sweep(false)
+        .with_hot_key_cache(false);
+    let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
+    for key in &keys {
+        assert!(limiter.check(key.as_str(), &policy, 0.0, 1).is_ok());
+    }
+    // Full again at 1 s: none before.
+    assert_eq!(
+        limiter.check("fresh", &policy, 0.5, 1),
+        Err(CompoundDenial::LimiterFull { max_keys: 200 })
+    );
+    // At 1 s every key but key-7 spends again, so only key-7 is full.
+    for key in keys.iter().filter(|key| *key != "key-7") {
+        assert!(limiter.check(key.as_str(), &policy, 1.0, 1).is_ok());
+    }
+    // 65 tries: 64 refusals at most, then the admission.
+    let admitted = (0..=64).any(|_| limiter.check("fresh", &policy, 1.0, 1).is_ok());
+    assert!(admitted, "refused 65 times");
+    assert_eq!(limiter.len(), 200);
+    for key in keys.iter().filter(|key| *key != "key-7") {
+        assert_eq!(
+            limiter.remaining(key.as_str(), &policy, 1.0),
+            Ok(1),
+            "{key} kept"
+        );
+    }
+    assert_eq!(limiter.remaining("fresh", &policy, 1.0), Ok(1));
+}
+
 /// The automatic sweep keeps a flood of keys called once bounded (the
 /// bound its docs state: three passes of 64 shards x 16 new keys),
 /// and never evicts a bucket that is not full: a key under a daily quota,

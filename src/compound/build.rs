@@ -73,8 +73,11 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     }
 
     /// Holds at most `max_keys` keys: a call that needs a new key when
-    /// there are that many first sweeps full buckets away (one pass over
-    /// the map), and is denied [`CompoundDenial::LimiterFull`](crate::CompoundDenial::LimiterFull) if none is.
+    /// there are that many first sweeps the one shard of the map (of 64)
+    /// whose buckets can be full soonest, if that instant has come, and is
+    /// denied [`CompoundDenial::LimiterFull`](crate::CompoundDenial::LimiterFull) if that frees nothing. A refusal
+    /// thus never pays for a pass over the map; a full bucket in another
+    /// shard is found by a later call (within 64 at one instant).
     ///
     /// # Examples
     ///

@@ -167,8 +167,15 @@ pub(crate) fn least_remaining(words: &Words, policy: &Policy, now: Nanos) -> u64
 
 /// Whether every word is full at `now`, so that dropping the bucket
 /// changes nothing.
+#[cfg(feature = "redis")]
 pub(crate) fn all_full(words: &Words, now: Nanos) -> bool {
-    words.iter().all(|&word| gcra::is_full(word, now))
+    gcra::is_full(full_at(words), now)
+}
+
+/// The instant from which every word is full: the latest of them (words
+/// past a policy's quotas are 0, full).
+pub(crate) fn full_at(words: &Words) -> Nanos {
+    words.iter().copied().max().unwrap_or(Nanos::ZERO)
 }
 
 #[cfg(test)]

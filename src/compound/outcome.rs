@@ -136,7 +136,7 @@ pub enum CompoundDenial {
     /// range (see [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)).
     InvalidTimestamp,
     /// A key of the call has no bucket yet and the limiter holds its
-    /// maximum of keys, none of them full (see
+    /// maximum of keys, and the call's sweep freed none (see
     /// [`CompoundLimiter::with_max_keys`](crate::CompoundLimiter::with_max_keys)).
     LimiterFull {
         /// The configured maximum number of keys.
@@ -235,8 +235,8 @@ impl fmt::Display for CompoundDenial {
             ),
             CompoundDenial::LimiterFull { max_keys } => write!(
                 f,
-                "limiter full: it holds its maximum of {max_keys} keys and none is full, \
-                 so a new key cannot be admitted"
+                "limiter full: it holds its maximum of {max_keys} keys and this call \
+                 could free none, so a new key cannot be admitted"
             ),
             CompoundDenial::DuplicateKey { first, second } => write!(
                 f,

@@ -148,8 +148,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
 
     /// `f` on the key's cell of at least `len` words in the map (its hash
     /// is `hash`), made if new, under its shard's lock; at the cap, after
-    /// one sweep at `now`, and [`CompoundDenial::LimiterFull`] if the
-    /// sweep made no room.
+    /// the store tried to make room at `now` (one shard's sweep at most),
+    /// and [`CompoundDenial::LimiterFull`] if it made none.
     fn in_map<Q, T>(
         &self,
         hash: u64,
@@ -164,8 +164,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     {
         self.store
             .with_cell(hash, key, len, &f)
-            .or_else(|_| {
-                self.store.sweep(now);
+            .or_else(|full| {
+                if !self.store.make_room(now) {
+                    return Err(full);
+                }
                 self.store.with_cell(hash, key, len, &f)
             })
             .map_err(|_| CompoundDenial::LimiterFull {

@@ -24,6 +24,21 @@
 //! call whose policy has more finds it too short, and the map replaces it
 //! (under the shard's lock) by a longer copy, retiring the old one.
 //!
+//! # At the cap
+//!
+//! Each shard keeps, beside its lock, an instant before which none of its
+//! cells can be full: the least `full_at` of its cells (the latest of a
+//! cell's words), set when a sweep visits the shard and lowered when a
+//! cell is made there. A word only rises (a spend moves `full_at` later,
+//! a denial writes nothing, a lengthened copy keeps the words), so the
+//! instant stays a true bound until the shard changes under its lock. A
+//! call for a new key that finds the map full sweeps the one shard whose
+//! bound is earliest, if that bound has come, and is refused if that
+//! frees nothing ([`Store::make_room`]): a refusal costs a scan of the
+//! shards' bounds and at most one shard's sweep, never a pass over the
+//! map, and a map whose buckets are all in use refuses with no sweep at
+//! all until the first of them can be full.
+//!
 //! # The automatic sweep
 //!
 //! Unless turned off, a call that went through the map and finds enough
@@ -44,6 +59,7 @@ use super::cell::{Cell, Retired};
 use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
+use crate::gcra;
 use crate::keyed::ghosts::Ghosts;
 use crate::keyed::occupancy::{next_pass_length, one_in};
 use crate::sync::{unmodeled, Arc, AtomicUsize, Lock, Ordering};
@@ -65,7 +81,24 @@ const MIN_STEP: usize = 16;
 /// One shard: its keys and their cells, placed by the store's hash (a
 /// table, not a map, so that a call hashes its key once, for its shard,
 /// its place here and a thread's cache).
-type Shard<K> = Lock<HashTable<(K, Arc<Cell>)>>;
+struct Shard<K> {
+    map: Lock<HashTable<(K, Arc<Cell>)>>,
+    /// No cell of `map` is full before this instant (`Nanos` as `u64`;
+    /// `u64::MAX` while the shard is empty). Written under `map`'s lock,
+    /// read without it by [`Store::make_room`], for which it is a hint:
+    /// it orders nothing, and a stale read only sends a refused call to
+    /// another shard or refuses it.
+    full_from: unmodeled::AtomicU64,
+}
+
+impl<K> Shard<K> {
+    fn new() -> Self {
+        Shard {
+            map: Lock::new(HashTable::new()),
+            full_from: unmodeled::AtomicU64::new(u64::MAX),
+        }
+    }
+}
 
 /// A new key could not be stored: the map holds `max_keys`.
 #[derive(Debug)]
@@ -86,6 +119,9 @@ pub(crate) struct Store<K, S> {
     /// A sample of the keys the automatic sweep removed, to tell keys
     /// that come back from keys seen once (see `next_pass`).
     ghosts: Ghosts,
+    /// Shards swept so far (for the unit tests).
+    #[cfg(test)]
+    shard_sweeps: AtomicUsize,
 }
 
 /// Where the automatic sweep is and when it steps. Only paces the sweep:
@@ -111,7 +147,7 @@ struct Pace {
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     pub(crate) fn new(hasher: S) -> Self {
-        let shards = (0..SHARDS).map(|_| Lock::new(HashTable::new())).collect();
+        let shards = (0..SHARDS).map(|_| Shard::new()).collect();
         Store {
             hasher,
             shards,
@@ -120,6 +156,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             auto_sweep: true,
             pace: Pace::default(),
             ghosts: Ghosts::new(),
+            #[cfg(test)]
+            shard_sweeps: AtomicUsize::new(0),
         }
     }
 
@@ -157,7 +195,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let shard = self.shard(hash).lock();
+        let shard = self.shard(hash).map.lock();
         let entry = shard.find(hash, |(k, _)| k.borrow() == key)?;
         Some(Arc::clone(&entry.1))
     }
@@ -179,8 +217,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut shard = self.shard(hash).lock();
-        if let Some((_, cell)) = shard.find_mut(hash, |(k, _)| k.borrow() == key) {
+        let shard = self.shard(hash);
+        let mut map = shard.map.lock();
+        if let Some((_, cell)) = map.find_mut(hash, |(k, _)| k.borrow() == key) {
             if cell.len() < len {
                 *cell = lengthened(cell, len);
             }
@@ -192,8 +231,18 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         }
         let cell = Cell::new(len);
         let result = f(&cell);
+        // The new cell is not shared yet: its read sees what `f` wrote.
+        // Relaxed: a hint (see `Shard::full_from`), written under the lock.
+        let full_at = cell
+            .read()
+            .ok()
+            .flatten()
+            .map_or(Nanos::ZERO, |w| decide::full_at(&w));
+        shard
+            .full_from
+            .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
         let hasher = &self.hasher;
-        shard.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
+        map.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
         Ok(result)
     }
 
@@ -265,28 +314,52 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         next_pass_length(length, kept, &self.ghosts, self.shards.len() * MIN_STEP)
     }
 
-    /// Sweeps every shard at `now`: a caller's `sweep`, and a call that
-    /// needs a new key when the map holds `max_keys`.
+    /// Sweeps every shard at `now` (a caller's `sweep`).
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         (0..self.shards.len())
             .map(|shard| self.sweep_shard(shard, now).0)
             .sum()
     }
 
+    /// Room for a new key when the map holds `max_keys` (see "At the
+    /// cap" in the module docs): sweeps the shard whose cells can be full
+    /// soonest, if that is by `now`; returns whether that removed any.
+    pub(crate) fn make_room(&self, now: Nanos) -> bool {
+        // Relaxed: a hint (see `Shard::full_from`).
+        let earliest = self
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(i, shard)| (shard.full_from.load(unmodeled::Relaxed), i))
+            .min();
+        match earliest {
+            Some((from, shard)) if Nanos::new(from) <= now => self.sweep_shard(shard, now).0 > 0,
+            _ => false,
+        }
+    }
+
     /// Removes shard `shard`'s cells that are full at `now` (see the
     /// module docs); returns how many it removed and how many it kept.
     fn sweep_shard(&self, shard: usize, now: Nanos) -> (usize, usize) {
-        let mut map = self.shards[shard].lock();
+        #[cfg(test)]
+        self.shard_sweeps.fetch_add(1, Ordering::Relaxed);
+        let shard = &self.shards[shard];
+        let mut map = shard.map.lock();
         let before = map.len();
         let (ghosts, hasher) = (&self.ghosts, &self.hasher);
+        // The least `full_at` of the cells kept.
+        let mut full_from = u64::MAX;
         map.retain(|(key, cell)| match cell.lock() {
             Ok(mut locked) => {
-                let full = decide::all_full(&locked.words, now);
+                let full_at = decide::full_at(&locked.words);
+                let full = gcra::is_full(full_at, now);
                 if full {
                     locked.retire();
                     if Ghosts::sampled(one_in) {
                         ghosts.evicted(hasher.hash_one(key));
                     }
+                } else {
+                    full_from = full_from.min(full_at.as_u64());
                 }
                 !full
             }
@@ -294,6 +367,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // the shard's lock).
             Err(Retired) => false,
         });
+        // Relaxed: a hint (see `Shard::full_from`), written under the lock.
+        shard.full_from.store(full_from, unmodeled::Relaxed);
         let kept = map.len();
         drop(map);
         // Relaxed: as in `reserve`.
@@ -325,4 +400,63 @@ fn lengthened(cell: &Cell, len: usize) -> Arc<Cell> {
         old.retire();
     }
     longer
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::RandomState;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn sweeps<K, S>(store: &Store<K, S>) -> usize {
+        store.shard_sweeps.load(Ordering::Relaxed)
+    }
+
+    /// At the cap, a refused call sweeps nothing until the first bucket
+    /// can be full, then one shard a call: the one whose bound is
+    /// earliest, found stale (its bucket was spent since) or not.
+    #[test]
+    fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
+        let mut store = Store::<String, _>::new(RandomState::new());
+        store.set_max_keys(100);
+        // Key i's one word: full at i + 1 seconds.
+        let spend = |key: &str, full_at: u64| {
+            let hash = store.hash(key);
+            store.with_cell(hash, key, 1, |cell| {
+                let mut locked = cell.lock().expect("in the map");
+                locked.words[0] = Nanos::new(full_at);
+                locked.commit();
+            })
+        };
+        for i in 0..100 {
+            assert!(spend(&format!("k{i}"), (i + 1) * SEC).is_ok());
+        }
+        assert!(spend("new", SEC).is_err(), "the map is full");
+
+        assert!(!store.make_room(Nanos::new(SEC / 2)));
+        assert_eq!(sweeps(&store), 0, "no bucket can be full before 1 s");
+
+        assert!(store.make_room(Nanos::new(SEC)), "k0 is full at 1 s");
+        assert_eq!((sweeps(&store), store.len()), (1, 99));
+        assert!(!store.make_room(Nanos::new(SEC)));
+        assert_eq!(sweeps(&store), 1, "the next bucket is full at 2 s");
+
+        // k1 spent again: its shard's bound (2 s) is stale.
+        assert!(spend("k1", 50 * SEC).is_ok());
+        assert!(!store.make_room(Nanos::new(2 * SEC)));
+        assert_eq!(sweeps(&store), 2, "one shard swept, k1's");
+        assert!(!store.make_room(Nanos::new(2 * SEC)));
+        assert_eq!(sweeps(&store), 2, "its bound is exact again");
+        assert_eq!(store.len(), 99);
+
+        // A new key lowers its shard's bound: room made at its full_at.
+        assert!(spend("new", SEC).is_ok());
+        assert!(store.make_room(Nanos::new(SEC)));
+        assert_eq!((sweeps(&store), store.len()), (3, 99));
+        assert!(
+            store.get("new").is_none(),
+            "the new key's bucket was the full one"
+        );
+    }
 }
