@@ -18,7 +18,8 @@
 //! ```
 //!
 //! Prints one markdown row per competitor: calls timed, p50, p99, p99.9,
-//! p99.99 and max, in microseconds. The timer itself (two `Instant::now`
+//! p99.99 and max, in microseconds; then p99 and p99.9 by kind of call
+//! (the hot key, a new key, a live key), which tells what the tail is. The timer itself (two `Instant::now`
 //! readings) adds a few tens of nanoseconds to every figure.
 
 use hdrhistogram::Histogram;
@@ -97,9 +98,17 @@ impl Limiter for GovernorKeyed {
     }
 }
 
-/// Runs the workload on `limiter`; returns the merged histogram (ns) and
-/// the buckets held at the end.
-fn run(limiter: &Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
+/// The kinds of call, in the order of [`run`]'s histograms by kind.
+const KINDS: [&str; 3] = ["hot key", "new key", "live key"];
+
+/// Latencies in nanoseconds, up to a minute.
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap()
+}
+
+/// Runs the workload on `limiter`; returns the merged histogram (ns), one
+/// per kind of call ([`KINDS`]), and the buckets held at the end.
+fn run(limiter: &Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, [Histogram<u64>; 3], usize) {
     let live: Arc<Vec<String>> = Arc::new((0..LIVE).map(api_key).collect());
     let epoch = Instant::now();
     for key in live.iter() {
@@ -121,8 +130,7 @@ fn run(limiter: &Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
             let (limiter, live, barrier) =
                 (Arc::clone(limiter), Arc::clone(&live), Arc::clone(&barrier));
             std::thread::spawn(move || {
-                let mut histogram =
-                    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+                let mut kinds: [Histogram<u64>; 3] = std::array::from_fn(|_| histogram());
                 let mut fresh = (thread + 1) << 40;
                 let mut state = thread;
                 barrier.wait();
@@ -130,34 +138,38 @@ fn run(limiter: &Arc<dyn Limiter>, seconds: u64) -> (Histogram<u64>, usize) {
                 loop {
                     state = mix(state);
                     let new_key;
-                    let key: &str = match state % 10 {
-                        0 => "sk_live_hot_key_0000000000000000000000000",
+                    let (kind, key): (usize, &str) = match state % 10 {
+                        0 => (0, "sk_live_hot_key_0000000000000000000000000"),
                         1..=3 => {
                             fresh += 1;
                             new_key = api_key(fresh);
-                            &new_key
+                            (1, &new_key)
                         }
-                        _ => &live[((state >> 8) % LIVE) as usize],
+                        _ => (2, &live[((state >> 8) % LIVE) as usize]),
                     };
                     let started = Instant::now();
                     let now = started.duration_since(epoch).as_secs_f64();
                     std::hint::black_box(limiter.call(key, now));
                     let took = started.elapsed();
-                    histogram.saturating_record(took.as_nanos() as u64);
+                    kinds[kind].saturating_record(took.as_nanos() as u64);
                     if started >= end {
-                        return histogram;
+                        return kinds;
                     }
                 }
             })
         })
         .collect();
-    let mut merged = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut merged = histogram();
+    let mut by_kind: [Histogram<u64>; 3] = std::array::from_fn(|_| histogram());
     for worker in workers {
-        merged.add(worker.join().unwrap()).unwrap();
+        for (kind, part) in by_kind.iter_mut().zip(worker.join().unwrap()) {
+            merged.add(&part).unwrap();
+            kind.add(part).unwrap();
+        }
     }
     stop.store(true, Relaxed);
     timer.join().unwrap();
-    (merged, limiter.len())
+    (merged, by_kind, limiter.len())
 }
 
 fn micros(ns: u64) -> String {
@@ -189,9 +201,18 @@ fn main() {
         ),
     ];
     let mut reports = Vec::new();
+    let mut tails = Vec::new();
     for (name, limiter) in competitors {
-        let (histogram, held) = run(&limiter, seconds);
+        let (histogram, by_kind, held) = run(&limiter, seconds);
         reports.extend(limiter.report());
+        let tail: Vec<String> = by_kind
+            .iter()
+            .map(|h| {
+                let (p99, p999) = (h.value_at_quantile(0.99), h.value_at_quantile(0.999));
+                format!("{} / {}", micros(p99), micros(p999))
+            })
+            .collect();
+        tails.push(format!("| {name} | {} |", tail.join(" | ")));
         println!(
             "| {name} | {} | {} | {} | {} | {} | {} | {held} |",
             histogram.len(),
@@ -201,6 +222,14 @@ fn main() {
             micros(histogram.value_at_quantile(0.9999)),
             micros(histogram.max()),
         );
+    }
+    println!();
+    println!("p99 / p99.9 by kind of call, µs:");
+    println!();
+    println!("| limiter | {} |", KINDS.join(" | "));
+    println!("|---|---:|---:|---:|");
+    for tail in tails {
+        println!("{tail}");
     }
     println!();
     for report in reports {

@@ -30,7 +30,8 @@ use hashbrown::HashTable;
 /// update) while `old` is not empty: `old` holds at most half of `main`'s
 /// room when it is set aside, so it is empty before `main` fills up. Moves
 /// cost a rehash each (tens of ns, a key's cold heap copy included), so a
-/// write pays at most about a microsecond for them; two at a time kept
+/// write pays at most about a microsecond for them, less as the batch's
+/// keys are hashed together (see `move_some`); two at a time kept
 /// both tables' memory for half of each doubling (bytes per key 1.32x
 /// governor's at 10^6 keys, `benches/bytes_per_key.rs`).
 const STEP: usize = 16;
@@ -172,13 +173,27 @@ impl<T> Table<T> {
     fn move_some(&mut self, n: usize, hasher: &impl Fn(&T) -> u64) {
         let mut moved = 0;
         while moved < n && self.old_next < self.old.num_buckets() {
-            // Removing an entry leaves every other one in its bucket.
-            if let Ok(entry) = self.old.get_bucket_entry(self.old_next) {
-                let (value, _) = entry.remove();
-                self.main.insert_unique(hasher(&value), value, hasher);
-                moved += 1;
+            // A batch of entries is taken out, then hashed, then inserted:
+            // hashing reads each key's cold heap copy, and hashes that do
+            // not wait for one another's insertion fetch those at once,
+            // where one move after another would wait for each in turn.
+            let mut batch: [Option<T>; STEP] = std::array::from_fn(|_| None);
+            let mut taken = 0;
+            while taken < STEP && moved + taken < n && self.old_next < self.old.num_buckets() {
+                // Removing an entry leaves every other one in its bucket.
+                if let Ok(entry) = self.old.get_bucket_entry(self.old_next) {
+                    batch[taken] = Some(entry.remove().0);
+                    taken += 1;
+                }
+                self.old_next += 1;
             }
-            self.old_next += 1;
+            let hashes: [u64; STEP] = std::array::from_fn(|i| batch[i].as_ref().map_or(0, hasher));
+            for (value, hash) in batch.into_iter().zip(hashes) {
+                if let Some(value) = value {
+                    self.main.insert_unique(hash, value, hasher);
+                }
+            }
+            moved += taken;
         }
         if self.old.is_empty() && self.old.allocation_size() > 0 {
             self.drop_old();
