@@ -184,8 +184,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     }
 
     fn shard(&self, hash: u64) -> &Shard<K> {
-        // Bits hashbrown does not use for its own tags or low bucket bits.
-        &self.shards[((hash >> 32) as usize) % self.shards.len()]
+        // Bits hashbrown does not use for its own tags or low bucket bits;
+        // `SHARDS`, a constant power of two, makes the remainder a mask.
+        &self.shards[((hash >> 32) as usize) % SHARDS]
     }
 
     /// The key's cell, if it has one.
