@@ -31,12 +31,14 @@
 //! | `compound.rs` | models 13 and 14: compound calls all or nothing; scopes locked in one order, no deadlock |
 //! | `compound_reads.rs` | models 15 and 16: a compound denial read lock-free vs an admission; a cached compound spend vs the sweep's retirement |
 //! | `compound_snapshot.rs` | model 17: a compound denial of two scopes on a lock-free snapshot vs an admission on both |
+//! | `compound_cap.rs` | model 18: at the cap, a new key's room-making sweep vs a spend on the key that holds the place |
 #![cfg(loom)]
 
 mod support;
 
 mod cap;
 mod compound;
+mod compound_cap;
 mod compound_reads;
 mod compound_snapshot;
 mod concurrency;

@@ -97,6 +97,12 @@ pub enum Flaw {
     /// cached call spends on a cell the sweep has removed from the map,
     /// and the spend is lost.
     CompoundSpendIgnoringRetired,
+    /// At the cap, the compound store's room-making sweep trusts its
+    /// shard's bound (the instant from which a cell there can be full)
+    /// and removes the shard's cells without looking at their words: a
+    /// bucket spent since the bound was set is removed, and its spend is
+    /// lost.
+    CompoundRoomTrustsBound,
 }
 
 std::thread_local! {
