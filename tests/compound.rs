@@ -211,6 +211,68 @@ fn at_the_cap_a_new_key_gets_the_full_buckets_place_within_a_pass_of_refusals() 
     assert_eq!(limiter.remaining("fresh", &policy, 1.0), Ok(1));
 }
 
+/// At the cap, the first refused call already finds the one full bucket
+/// when its shard's bound is the earliest: key-7, made first and full at
+/// 1 s, shares its shard with keys made later and full at 1.5 s, and the
+/// shard's bound stays the least of them (a bound overwritten by the
+/// latest key's would hide key-7 until 1.5 s).
+#[test]
+fn at_the_cap_the_earliest_bound_finds_the_full_bucket_at_once() {
+    let sec = 1_000_000_000;
+    let policy = Policy::from(quota(sec, 2));
+    let limiter = CompoundLimiter::new()
+        .with_max_keys(1_000)
+        .with_auto_sweep(false)
+        .with_hot_key_cache(false);
+    assert!(limiter.check("key-7", &policy, 0.0, 1).is_ok());
+    for i in (0..1_000).filter(|&i| i != 7) {
+        assert!(limiter
+            .check(format!("key-{i}").as_str(), &policy, 0.5, 1)
+            .is_ok());
+    }
+    assert_eq!(
+        limiter.check("fresh", &policy, 0.9, 1),
+        Err(CompoundDenial::LimiterFull { max_keys: 1_000 })
+    );
+    assert!(limiter.check("fresh", &policy, 1.0, 1).is_ok());
+    assert_eq!(limiter.len(), 1_000);
+    assert_eq!(
+        limiter.remaining("key-8", &policy, 1.0),
+        Ok(1),
+        "key-8 kept"
+    );
+}
+
+/// At the cap, a call of two new keys whose room is made one key after
+/// the other does not remove the first key's new (full) bucket to make
+/// room for the second, and the other way round, for ever: the cells a
+/// call holds are spared, and the full buckets of other keys make room.
+#[test]
+fn at_the_cap_a_call_of_two_new_keys_does_not_remove_its_own_buckets() {
+    let sec = 1_000_000_000;
+    let policy = Policy::from(quota(sec, 2));
+    let limiter = std::sync::Arc::new(CompoundLimiter::new().with_max_keys(3));
+    for key in ["x", "y", "z"] {
+        assert!(limiter.check(key, &policy, 0.0, 1).is_ok()); // full at 1 s
+    }
+    // On a thread, so that a call that never returns fails the test.
+    let (done, outcome) = std::sync::mpsc::channel();
+    let caller = std::sync::Arc::clone(&limiter);
+    std::thread::spawn(move || {
+        let scopes = [("a", &policy), ("b", &policy)];
+        let _ = done.send(caller.check_scopes(&scopes, 5.0, 1).map(drop));
+    });
+    let outcome = outcome
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the call of two new keys never returned");
+    assert_eq!(outcome, Ok(()));
+    assert_eq!(limiter.len(), 3);
+    let policy = Policy::from(quota(sec, 2));
+    for key in ["a", "b"] {
+        assert_eq!(limiter.remaining(key, &policy, 5.0), Ok(1), "{key} spent");
+    }
+}
+
 /// The automatic sweep keeps a flood of keys called once bounded (the
 /// bound its docs state: three passes of 64 shards x 16 new keys),
 /// and never evicts a bucket that is not full: a key under a daily quota,

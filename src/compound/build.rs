@@ -77,7 +77,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// whose buckets can be full soonest, if that instant has come, and is
     /// denied [`CompoundDenial::LimiterFull`](crate::CompoundDenial::LimiterFull) if that frees nothing. A refusal
     /// thus never pays for a pass over the map; a full bucket in another
-    /// shard is found by a later call (within 64 at one instant).
+    /// shard is found by a later call (by one thread's 64th at one
+    /// instant, at the latest).
     ///
     /// # Examples
     ///

@@ -136,7 +136,8 @@ pub enum CompoundDenial {
     /// range (see [`MAX_TIMESTAMP_NANOS`](crate::MAX_TIMESTAMP_NANOS)).
     InvalidTimestamp,
     /// A key of the call has no bucket yet and the limiter holds its
-    /// maximum of keys, and the call's sweep freed none (see
+    /// maximum of keys: the call's sweep freed no place, or another
+    /// call's new key took it (see
     /// [`CompoundLimiter::with_max_keys`](crate::CompoundLimiter::with_max_keys)).
     LimiterFull {
         /// The configured maximum number of keys.

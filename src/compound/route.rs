@@ -52,7 +52,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             drop(locked);
             (decided, promote.then(|| Arc::clone(cell)))
         };
-        let (decided, promoted) = self.in_map(hash, key, len, now, charge)?;
+        let (decided, promoted) = self.in_map(hash, key, len, now, &[], charge)?;
         if let Some(cell) = promoted {
             self.hot.insert(hash, key.to_owned(), cell);
         }
@@ -136,8 +136,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        for ((cell, &hash), &(key, policy)) in cells.iter_mut().zip(hashes).zip(scopes) {
-            *cell = Some(self.in_map(hash, key, policy.quotas().len(), now, Arc::clone)?);
+        for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
+            // The cells taken so far are spared if room must be made.
+            let len = policy.quotas().len();
+            cells[i] = Some(self.in_map(hash, key, len, now, &cells[..i], Arc::clone)?);
         }
         #[cfg(loom)]
         if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
@@ -148,14 +150,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
 
     /// `f` on the key's cell of at least `len` words in the map (its hash
     /// is `hash`), made if new, under its shard's lock; at the cap, after
-    /// the store tried to make room at `now` (one shard's sweep at most),
-    /// and [`CompoundDenial::LimiterFull`] if it made none.
+    /// the store tried to make room at `now` (one shard's sweep, and one
+    /// more for each cell in `held`, the cells the call holds already,
+    /// which stay), and [`CompoundDenial::LimiterFull`] if it made none.
     fn in_map<Q, T>(
         &self,
         hash: u64,
         key: &Q,
         len: usize,
         now: Nanos,
+        held: &[Option<Arc<Cell>>],
         f: impl Fn(&Arc<Cell>) -> T,
     ) -> Result<T, CompoundDenial>
     where
@@ -165,7 +169,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         self.store
             .with_cell(hash, key, len, &f)
             .or_else(|full| {
-                if !self.store.make_room(now) {
+                if !self.store.make_room(now, held) {
                     return Err(full);
                 }
                 self.store.with_cell(hash, key, len, &f)

@@ -35,9 +35,13 @@
 //! call for a new key that finds the map full sweeps the one shard whose
 //! bound is earliest, if that bound has come, and is refused if that
 //! frees nothing ([`Store::make_room`]): a refusal costs a scan of the
-//! shards' bounds and at most one shard's sweep, never a pass over the
-//! map, and a map whose buckets are all in use refuses with no sweep at
-//! all until the first of them can be full.
+//! shards' bounds and at most one shard's sweep (a call of several new
+//! keys, one more for each cell it already holds, which it spares), never
+//! a pass over the map, and a map whose buckets are all in use refuses
+//! with no sweep at all until the first of them can be full. A bound
+//! goes stale (too early) when its bucket is spent again: once that
+//! instant has come, the next refusal sweeps the shard, finds nothing,
+//! and sets the bound again.
 //!
 //! # The automatic sweep
 //!
@@ -303,7 +307,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // Never above `now`: what goes is full at `now`, so the sweep stays
         // exact even when timestamps run backwards.
         let bound = Nanos::new(pace.idle_since.load(unmodeled::Relaxed)).min(now);
-        let (removed, kept) = self.sweep_shard(shard, bound);
+        let (removed, kept) = self.sweep_shard(shard, bound, &[]);
         pace.kept.fetch_add(kept, unmodeled::Relaxed);
         removed
     }
@@ -320,37 +324,52 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// Sweeps every shard at `now` (a caller's `sweep`).
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         (0..self.shards.len())
-            .map(|shard| self.sweep_shard(shard, now).0)
+            .map(|shard| self.sweep_shard(shard, now, &[]).0)
             .sum()
     }
 
     /// Room for a new key when the map holds `max_keys` (see "At the
     /// cap" in the module docs): sweeps the shard whose cells can be full
     /// soonest, if that is by `now`; returns whether that removed any.
-    pub(crate) fn make_room(&self, now: Nanos) -> bool {
-        // Relaxed: a hint (see `Shard::full_from`).
-        let earliest = self
-            .shards
-            .iter()
-            .enumerate()
-            .map(|(i, shard)| (shard.full_from.load(unmodeled::Relaxed), i))
-            .min();
-        match earliest {
-            Some((from, shard)) if Nanos::new(from) <= now => {
-                #[cfg(loom)]
-                if crate::flaw::flawed(crate::flaw::Flaw::CompoundRoomTrustsBound) {
-                    // BROKEN (a model's twin): every cell taken for full.
-                    return self.sweep_shard(shard, Nanos::new(u64::MAX)).0 > 0;
-                }
-                self.sweep_shard(shard, now).0 > 0
+    ///
+    /// `spare` are the cells the calling call already holds (a call of
+    /// several scopes takes its keys' cells one after another): they stay,
+    /// full or not, or the call would remove its own new key's cell to
+    /// make room for its next one, and again the other way round, for
+    /// ever. Each may keep its shard's bound at its own, so the call
+    /// sweeps up to one shard more than it spares, in the order of their
+    /// bounds.
+    pub(crate) fn make_room(&self, now: Nanos, spare: &[Option<Arc<Cell>>]) -> bool {
+        let mut swept = [false; SHARDS];
+        for _ in 0..=spare.len() {
+            // Relaxed: a hint (see `Shard::full_from`).
+            let earliest = self
+                .shards
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| !swept[i])
+                .map(|(i, shard)| (shard.full_from.load(unmodeled::Relaxed), i))
+                .min();
+            let Some((_, shard)) = earliest.filter(|&(from, _)| Nanos::new(from) <= now) else {
+                return false;
+            };
+            swept[shard] = true;
+            #[cfg(loom)]
+            if crate::flaw::flawed(crate::flaw::Flaw::CompoundRoomTrustsBound) {
+                // BROKEN (a model's twin): every cell taken for full.
+                return self.sweep_shard(shard, Nanos::new(u64::MAX), spare).0 > 0;
             }
-            _ => false,
+            if self.sweep_shard(shard, now, spare).0 > 0 {
+                return true;
+            }
         }
+        false
     }
 
     /// Removes shard `shard`'s cells that are full at `now` (see the
-    /// module docs); returns how many it removed and how many it kept.
-    fn sweep_shard(&self, shard: usize, now: Nanos) -> (usize, usize) {
+    /// module docs), but not those in `spare`; returns how many it removed
+    /// and how many it kept.
+    fn sweep_shard(&self, shard: usize, now: Nanos, spare: &[Option<Arc<Cell>>]) -> (usize, usize) {
         #[cfg(test)]
         self.shard_sweeps.fetch_add(1, Ordering::Relaxed);
         let shard = &self.shards[shard];
@@ -362,7 +381,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         map.retain(|(key, cell)| match cell.lock() {
             Ok(mut locked) => {
                 let full_at = decide::full_at(&locked.words);
-                let full = gcra::is_full(full_at, now);
+                let spared = || spare.iter().flatten().any(|held| Arc::ptr_eq(held, cell));
+                let full = gcra::is_full(full_at, now) && !spared();
                 if full {
                     locked.retire();
                     if Ghosts::sampled(one_in) {
@@ -415,7 +435,8 @@ fn lengthened(cell: &Cell, len: usize) -> Arc<Cell> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::collections::hash_map::RandomState;
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::BuildHasherDefault;
 
     const SEC: u64 = 1_000_000_000;
 
@@ -428,7 +449,8 @@ mod tests {
     /// earliest, found stale (its bucket was spent since) or not.
     #[test]
     fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
-        let mut store = Store::<String, _>::new(RandomState::new());
+        // A fixed hasher: the same shards every run.
+        let mut store = Store::<String, _>::new(BuildHasherDefault::<DefaultHasher>::default());
         store.set_max_keys(100);
         // Key i's one word: full at i + 1 seconds.
         let spend = |key: &str, full_at: u64| {
@@ -444,25 +466,25 @@ mod tests {
         }
         assert!(spend("new", SEC).is_err(), "the map is full");
 
-        assert!(!store.make_room(Nanos::new(SEC / 2)));
+        assert!(!store.make_room(Nanos::new(SEC / 2), &[]));
         assert_eq!(sweeps(&store), 0, "no bucket can be full before 1 s");
 
-        assert!(store.make_room(Nanos::new(SEC)), "k0 is full at 1 s");
+        assert!(store.make_room(Nanos::new(SEC), &[]), "k0 is full at 1 s");
         assert_eq!((sweeps(&store), store.len()), (1, 99));
-        assert!(!store.make_room(Nanos::new(SEC)));
+        assert!(!store.make_room(Nanos::new(SEC), &[]));
         assert_eq!(sweeps(&store), 1, "the next bucket is full at 2 s");
 
         // k1 spent again: its shard's bound (2 s) is stale.
         assert!(spend("k1", 50 * SEC).is_ok());
-        assert!(!store.make_room(Nanos::new(2 * SEC)));
+        assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
         assert_eq!(sweeps(&store), 2, "one shard swept, k1's");
-        assert!(!store.make_room(Nanos::new(2 * SEC)));
+        assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
         assert_eq!(sweeps(&store), 2, "its bound is exact again");
         assert_eq!(store.len(), 99);
 
         // A new key lowers its shard's bound: room made at its full_at.
         assert!(spend("new", SEC).is_ok());
-        assert!(store.make_room(Nanos::new(SEC)));
+        assert!(store.make_room(Nanos::new(SEC), &[]));
         assert_eq!((sweeps(&store), store.len()), (3, 99));
         assert!(
             store.get("new").is_none(),

@@ -36,6 +36,12 @@ use hashbrown::HashTable;
 /// governor's at 10^6 keys, `benches/bytes_per_key.rs`).
 const STEP: usize = 16;
 
+/// Buckets of `old` a write looks through for each entry it may move: an
+/// `old` the sweep has thinned out is emptied a bounded slice per write
+/// (a write moving [`STEP`] entries looks at 256 buckets at most), not
+/// scanned to its end by the write that finds its entries sparse.
+const SCAN_PER_MOVE: usize = 16;
+
 /// Tables this small grow the plain way: their rehash costs less than a
 /// few moves do.
 const SMALL: usize = 128;
@@ -172,14 +178,17 @@ impl<T> Table<T> {
 
     fn move_some(&mut self, n: usize, hasher: &impl Fn(&T) -> u64) {
         let mut moved = 0;
-        while moved < n && self.old_next < self.old.num_buckets() {
+        let end = (self.old_next)
+            .saturating_add(n.saturating_mul(SCAN_PER_MOVE))
+            .min(self.old.num_buckets());
+        while moved < n && self.old_next < end && !self.old.is_empty() {
             // A batch of entries is taken out, then hashed, then inserted:
             // hashing reads each key's cold heap copy, and hashes that do
             // not wait for one another's insertion fetch those at once,
             // where one move after another would wait for each in turn.
             let mut batch: [Option<T>; STEP] = std::array::from_fn(|_| None);
             let mut taken = 0;
-            while taken < STEP && moved + taken < n && self.old_next < self.old.num_buckets() {
+            while taken < STEP && moved + taken < n && self.old_next < end && !self.old.is_empty() {
                 // Removing an entry leaves every other one in its bucket.
                 if let Ok(entry) = self.old.get_bucket_entry(self.old_next) {
                     batch[taken] = Some(entry.remove().0);

@@ -130,6 +130,49 @@ fn find_mut_finds_keys_in_either_table_while_old_is_emptied() {
     assert_eq!(table.find(hash(&x), |v| *v == x), None);
 }
 
+/// A set-aside table that the sweep thinned out is emptied a bounded
+/// slice of buckets per write (`STEP * SCAN_PER_MOVE` at most), not
+/// scanned to its end by the first write that finds it sparse.
+#[test]
+fn a_thinned_out_old_table_is_emptied_a_slice_per_write() {
+    use super::{SCAN_PER_MOVE, STEP};
+    let slice = STEP * SCAN_PER_MOVE;
+    let mut table = Table::default();
+    let mut x = 0u64;
+    // Until a set-aside table of a few slices.
+    while table.old.allocation_size() == 0 || table.old.num_buckets() < 4 * slice {
+        table.insert(hash(&x), x, hash);
+        x += 1;
+    }
+    // The sweep removes every entry of `old` but the one in its last
+    // occupied bucket.
+    let last = (0..table.old.num_buckets())
+        .rev()
+        .find(|&b| table.old.get_bucket_entry(b).is_ok())
+        .expect("old holds entries");
+    assert!(last >= 2 * slice, "{last} buckets");
+    let survivor = *table.old.get_bucket_entry(last).unwrap().get();
+    table.retain_range(0..last, |_| false);
+    assert_eq!(table.old.len(), 1);
+    let mut writes = 0;
+    while table.old.allocation_size() > 0 {
+        let before = table.old_next;
+        table.insert(hash(&x), x, hash);
+        x += 1;
+        writes += 1;
+        assert!(
+            table.old.allocation_size() == 0 || table.old_next - before <= slice,
+            "write {writes} looked at {} buckets",
+            table.old_next - before
+        );
+    }
+    assert_eq!(writes, (last + 1).div_ceil(slice), "one slice a write");
+    assert_eq!(
+        table.find(hash(&survivor), |v| *v == survivor),
+        Some(&survivor)
+    );
+}
+
 /// A set-aside table that the sweep empties is freed by the next write,
 /// not kept until the next set-aside.
 #[test]
