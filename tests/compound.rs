@@ -171,6 +171,15 @@ fn sweep_and_cap() {
     assert!(limiter.is_empty());
 }
 
+/// A limiter of at most `max_keys` keys, with no automatic sweep and no
+/// hot-cell cache: its map changes only as the calls below make it.
+fn capped(max_keys: usize) -> CompoundLimiter {
+    CompoundLimiter::new()
+        .with_max_keys(max_keys)
+        .with_auto_sweep(false)
+        .with_hot_key_cache(false)
+}
+
 /// At the cap, a call for a new key sweeps at most one shard (the one
 /// whose buckets can be full soonest), so it may be refused while a full
 /// bucket sits in another shard; each refusal leaves one shard known to
@@ -180,10 +189,7 @@ fn sweep_and_cap() {
 fn at_the_cap_a_new_key_gets_the_full_buckets_place_within_a_pass_of_refusals() {
     let sec = 1_000_000_000;
     let policy = Policy::from(quota(sec, 2));
-    let limiter = CompoundLimiter::new()
-        .with_max_keys(200)
-        .with_auto_sweep(false)
-        .with_hot_key_cache(false);
+    let limiter = capped(200);
     let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
     for key in &keys {
         assert!(limiter.check(key.as_str(), &policy, 0.0, 1).is_ok());
@@ -220,10 +226,7 @@ fn at_the_cap_a_new_key_gets_the_full_buckets_place_within_a_pass_of_refusals() 
 fn at_the_cap_the_earliest_bound_finds_the_full_bucket_at_once() {
     let sec = 1_000_000_000;
     let policy = Policy::from(quota(sec, 2));
-    let limiter = CompoundLimiter::new()
-        .with_max_keys(1_000)
-        .with_auto_sweep(false)
-        .with_hot_key_cache(false);
+    let limiter = capped(1_000);
     assert!(limiter.check("key-7", &policy, 0.0, 1).is_ok());
     for i in (0..1_000).filter(|&i| i != 7) {
         assert!(limiter

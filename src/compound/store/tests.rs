@@ -1,0 +1,59 @@
+//! Unit tests of the compound store: making room at the cap.
+
+use super::*;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::BuildHasherDefault;
+
+const SEC: u64 = 1_000_000_000;
+
+fn sweeps<K, S>(store: &Store<K, S>) -> usize {
+    store.shard_sweeps.load(Ordering::Relaxed)
+}
+
+/// At the cap, a refused call sweeps nothing until the first bucket
+/// can be full, then one shard a call: the one whose bound is
+/// earliest, found stale (its bucket was spent since) or not.
+#[test]
+fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
+    // A fixed hasher: the same shards every run.
+    let mut store = Store::<String, _>::new(BuildHasherDefault::<DefaultHasher>::default());
+    store.set_max_keys(100);
+    // Key i's one word: full at i + 1 seconds.
+    let spend = |key: &str, full_at: u64| {
+        let hash = store.hash(key);
+        store.with_cell(hash, key, 1, |cell| {
+            let mut locked = cell.lock().expect("in the map");
+            locked.words[0] = Nanos::new(full_at);
+            locked.commit();
+        })
+    };
+    for i in 0..100 {
+        assert!(spend(&format!("k{i}"), (i + 1) * SEC).is_ok());
+    }
+    assert!(spend("new", SEC).is_err(), "the map is full");
+
+    assert!(!store.make_room(Nanos::new(SEC / 2), &[]));
+    assert_eq!(sweeps(&store), 0, "no bucket can be full before 1 s");
+
+    assert!(store.make_room(Nanos::new(SEC), &[]), "k0 is full at 1 s");
+    assert_eq!((sweeps(&store), store.len()), (1, 99));
+    assert!(!store.make_room(Nanos::new(SEC), &[]));
+    assert_eq!(sweeps(&store), 1, "the next bucket is full at 2 s");
+
+    // k1 spent again: its shard's bound (2 s) is stale.
+    assert!(spend("k1", 50 * SEC).is_ok());
+    assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
+    assert_eq!(sweeps(&store), 2, "one shard swept, k1's");
+    assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
+    assert_eq!(sweeps(&store), 2, "its bound is exact again");
+    assert_eq!(store.len(), 99);
+
+    // A new key lowers its shard's bound: room made at its full_at.
+    assert!(spend("new", SEC).is_ok());
+    assert!(store.make_room(Nanos::new(SEC), &[]));
+    assert_eq!((sweeps(&store), store.len()), (3, 99));
+    assert!(
+        store.get("new").is_none(),
+        "the new key's bucket was the full one"
+    );
+}
