@@ -181,7 +181,7 @@ impl<T> Table<T> {
         let end = (self.old_next)
             .saturating_add(n.saturating_mul(SCAN_PER_MOVE))
             .min(self.old.num_buckets());
-        while moved < n && self.old_next < end && !self.old.is_empty() {
+        loop {
             // A batch of entries is taken out, then hashed, then inserted:
             // hashing reads each key's cold heap copy, and hashes that do
             // not wait for one another's insertion fetch those at once,
@@ -195,6 +195,9 @@ impl<T> Table<T> {
                     taken += 1;
                 }
                 self.old_next += 1;
+            }
+            if taken == 0 {
+                break;
             }
             let hashes: [u64; STEP] = std::array::from_fn(|i| batch[i].as_ref().map_or(0, hasher));
             for (value, hash) in batch.into_iter().zip(hashes) {
