@@ -58,14 +58,15 @@ pub(crate) fn compound(rounds: usize, sim: &AtomicU64) {
             continue;
         }
         let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
-        let competitors = build_compound(spec, &table);
-        let base = sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed);
-        for (which, competitor) in competitors.iter().enumerate() {
-            if runs(which) {
-                competitor.warm(keys, base);
-            }
-        }
         for threads in [1, 2] {
+            // New limiters for each thread count, as in the main table.
+            let competitors = build_compound(spec, &table);
+            let base = sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed);
+            for (which, competitor) in competitors.iter().enumerate() {
+                if runs(which) {
+                    competitor.warm(keys, base);
+                }
+            }
             let mut ratios = vec![Vec::new(); competitors.len()];
             let (mut two_to_one, mut scopes_to_sequential) = (Vec::new(), Vec::new());
             for round in 0..rounds {
