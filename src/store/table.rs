@@ -176,35 +176,46 @@ impl<T> Table<T> {
         self.layout += 1;
     }
 
+    /// Moves up to `n` entries from `old` to `main`, resuming at
+    /// `old_next`, looking at no more than [`SCAN_PER_MOVE`] buckets for
+    /// each.
     fn move_some(&mut self, n: usize, hasher: &impl Fn(&T) -> u64) {
         let mut moved = 0;
         let end = (self.old_next)
             .saturating_add(n.saturating_mul(SCAN_PER_MOVE))
             .min(self.old.num_buckets());
         loop {
-            // A batch of entries is taken out, then hashed, then inserted:
-            // hashing reads each key's cold heap copy, and hashes that do
-            // not wait for one another's insertion fetch those at once,
-            // where one move after another would wait for each in turn.
-            let mut batch: [Option<T>; STEP] = std::array::from_fn(|_| None);
+            // A batch of entries is hashed where it lies, then taken out
+            // and inserted: hashing reads each key's cold heap copy, and
+            // hashes that do not wait for one another's insertion fetch
+            // those at once, where one move after another would wait for
+            // each in turn. An entry leaves `old` only once its hash is
+            // known, and `old_next` passes it only once it has moved: a
+            // key's `Hash` that panics leaves every entry in place, to be
+            // moved by a later write.
+            let mut batch = [(0, 0); STEP];
             let mut taken = 0;
-            while taken < STEP && moved + taken < n && self.old_next < end && !self.old.is_empty() {
-                // Removing an entry leaves every other one in its bucket.
-                if let Ok(entry) = self.old.get_bucket_entry(self.old_next) {
-                    batch[taken] = Some(entry.remove().0);
+            let mut next = self.old_next;
+            let left = self.old.len();
+            while taken < STEP && moved + taken < n && taken < left && next < end {
+                if let Some(value) = self.old.get_bucket(next) {
+                    batch[taken] = (next, hasher(value));
                     taken += 1;
                 }
-                self.old_next += 1;
+                next += 1;
             }
             if taken == 0 {
+                // The buckets looked at held nothing.
+                self.old_next = next;
                 break;
             }
-            let hashes: [u64; STEP] = std::array::from_fn(|i| batch[i].as_ref().map_or(0, hasher));
-            for (value, hash) in batch.into_iter().zip(hashes) {
-                if let Some(value) = value {
-                    self.main.insert_unique(hash, value, hasher);
+            for &(index, hash) in &batch[..taken] {
+                // Removing an entry leaves every other one in its bucket.
+                if let Ok(entry) = self.old.get_bucket_entry(index) {
+                    self.main.insert_unique(hash, entry.remove().0, hasher);
                 }
             }
+            self.old_next = next;
             moved += taken;
         }
         if self.old.is_empty() && self.old.allocation_size() > 0 {

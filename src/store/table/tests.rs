@@ -231,3 +231,44 @@ fn a_sweep_in_slices_misses_no_entry() {
         }
     }
 }
+
+/// A key's `Hash` that panics while a write moves entries out of `old`
+/// loses none of them: each entry leaves `old` only once its hash is
+/// known, and the next write moves them.
+#[test]
+fn a_hash_that_panics_during_a_move_loses_no_entry() {
+    let mut table = Table::default();
+    let mut x = 0u64;
+    // Fill until a table is set aside and still holds entries to move.
+    while table.old.len() <= 2 * super::STEP {
+        table.insert(hash(&x), x, hash);
+        x += 1;
+        assert!(x < 1_000_000, "no table was set aside");
+    }
+    let held = table.len();
+    let old_before = table.old.len();
+    let next_before = table.old_next;
+    let calls = std::cell::Cell::new(0);
+    let panics_on_fifth = |v: &u64| {
+        calls.set(calls.get() + 1);
+        assert!(calls.get() != 5, "a key's hash panics");
+        hash(v)
+    };
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        table.step(panics_on_fifth);
+    }));
+    assert!(unwound.is_err(), "the hash panicked");
+    assert_eq!(table.len(), held, "an entry was lost");
+    assert_eq!(table.old.len(), old_before, "the batch moved in part");
+    assert_eq!(table.old_next, next_before, "the moves passed entries by");
+    for y in 0..x {
+        assert_eq!(table.find(hash(&y), |v| *v == y), Some(&y), "key {y}");
+    }
+    // The next write moves them, as it would have.
+    table.step(hash);
+    assert_eq!(table.old.len(), old_before - super::STEP);
+    while table.old.allocation_size() > 0 {
+        table.step(hash);
+    }
+    assert_eq!(table.len(), held);
+}
