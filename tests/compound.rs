@@ -582,3 +582,46 @@ fn the_hot_key_cache_changes_no_decision_of_several_scopes() {
         "denials by binding scope (key, org, global): {bound_by:?}"
     );
 }
+
+/// A key whose `Clone` panics for one name: the limiter's copy of a new
+/// key is the last step before its bucket is stored.
+#[derive(Debug, Hash, PartialEq, Eq)]
+struct Touchy(&'static str);
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        assert_ne!(self.0, "boom", "this key's clone panics");
+        Touchy(self.0)
+    }
+}
+
+/// A call for a new key that panics after the key took its place under
+/// the cap (its `Clone`, when the limiter stores its copy) gives the
+/// place back: it was never stored, and another new key gets in.
+#[test]
+fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
+    let limiter = CompoundLimiter::<Touchy, std::hash::RandomState>::with_hasher(
+        std::hash::RandomState::new(),
+    )
+    .with_max_keys(1)
+    .with_auto_sweep(false)
+    .with_hot_key_cache(false);
+    let plan = policy(&[(1_000_000_000, 5)]);
+    for _ in 0..3 {
+        let call = std::panic::AssertUnwindSafe(|| limiter.check(&Touchy("boom"), &plan, 0.0, 1));
+        assert!(
+            std::panic::catch_unwind(call).is_err(),
+            "the clone panicked"
+        );
+    }
+    assert_eq!(limiter.len(), 0);
+    let admitted = limiter.check(&Touchy("ok"), &plan, 0.0, 1);
+    assert!(admitted.is_ok(), "{admitted:?}");
+    assert_eq!(limiter.len(), 1);
+    // The cap holds: the place is taken now.
+    let refused = limiter.check(&Touchy("other"), &plan, 0.0, 1);
+    assert!(
+        matches!(refused, Err(CompoundDenial::LimiterFull { .. })),
+        "{refused:?}"
+    );
+}

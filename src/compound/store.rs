@@ -108,6 +108,25 @@ impl<K> Shard<K> {
 #[derive(Debug)]
 pub(crate) struct Full;
 
+/// A place under the cap, reserved for a new entry: given back on drop
+/// unless [`taken`](Self::taken), so that a panic between the reservation
+/// and the insertion (a key's `Clone` or `Hash`) leaks no place.
+struct Place<'a>(&'a AtomicUsize);
+
+impl Place<'_> {
+    /// The entry is in the map: the place is its own now.
+    fn taken(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        // Relaxed: as in `reserve`.
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub(crate) struct Store<K, S> {
     hasher: S,
     shards: Box<[Shard<K>]>,
@@ -232,7 +251,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             }
             return Ok(f(cell));
         }
-        self.reserve()?;
+        let place = self.reserve()?;
         if self.auto_sweep {
             self.ghosts.created(hash);
         }
@@ -250,11 +269,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
         let hasher = &self.hasher;
         map.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
+        place.taken();
         Ok(result)
     }
 
-    /// Takes a place under the cap for a new entry.
-    fn reserve(&self) -> Result<(), Full> {
+    /// Takes a place under the cap for a new entry: given back when the
+    /// [`Place`] is dropped, unless the entry took it.
+    fn reserve(&self) -> Result<Place<'_>, Full> {
         // Relaxed: the count guards only itself (one read-modify-write
         // decides, so two inserts cannot both take the last place); the
         // entry is published by its shard's lock, not by this counter.
@@ -267,7 +288,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // Relaxed: only paces the automatic sweep (see `step`).
             self.pace.made.fetch_add(1, unmodeled::Relaxed);
         }
-        Ok(())
+        Ok(Place(&self.len))
     }
 
     /// One step of the automatic sweep at `now`, if one is due (see the
