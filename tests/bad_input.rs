@@ -176,3 +176,57 @@ proptest! {
         }
     }
 }
+
+/// A key whose `Clone` panics for one name: the limiter's copy of a new
+/// key is made after the key took its place under the cap.
+#[derive(Debug, Hash, PartialEq, Eq)]
+struct Touchy(&'static str);
+
+impl Clone for Touchy {
+    fn clone(&self) -> Self {
+        assert_ne!(self.0, "boom", "this key's clone panics");
+        Touchy(self.0)
+    }
+}
+
+/// A call for a new key that panics before its bucket is stored (its
+/// `Clone`) gives its place under the cap back, on both stores and for a
+/// handle: another new key gets in, and the cap still holds.
+#[test]
+fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
+    for store in [keyrate::Store::Sharded, keyrate::Store::DashMap] {
+        let quota = keyrate::Quota::new(1.0, 5).unwrap();
+        let limiter = TokenBucketLimiter::<Touchy, std::hash::RandomState>::with_quota_and_hasher(
+            quota,
+            std::hash::RandomState::new(),
+        )
+        .with_store(store)
+        .with_max_buckets(1)
+        .with_auto_sweep(false)
+        .with_hot_key_cache(false);
+        for _ in 0..3 {
+            let call = std::panic::AssertUnwindSafe(|| limiter.allow(&Touchy("boom"), 0.0));
+            let handle = std::panic::AssertUnwindSafe(|| limiter.try_bucket(&Touchy("boom")));
+            assert!(
+                std::panic::catch_unwind(call).is_err(),
+                "the clone panicked"
+            );
+            assert!(
+                std::panic::catch_unwind(handle).is_err(),
+                "the clone panicked"
+            );
+        }
+        assert_eq!(limiter.len(), 0, "{store:?}");
+        assert!(
+            limiter.allow(&Touchy("ok"), 0.0),
+            "{store:?}: the place was lost"
+        );
+        assert!(
+            matches!(
+                limiter.check(&Touchy("other"), 0.0, 1),
+                Err(Denial::LimiterFull { .. })
+            ),
+            "{store:?}: the cap holds"
+        );
+    }
+}

@@ -139,6 +139,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
                 self.new_slot()
             },
             |slot| taken(slot, slot.try_take(max)),
+            || self.sweeper.release(1),
         );
         if tried {
             // Outside the shard lock: a sweep step takes shards' write
@@ -173,6 +174,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
                 self.new_slot()
             },
             |slot| Arc::clone(slot),
+            || self.sweeper.release(1),
         );
         let slot = slot.ok_or(ConcurrencyDenial::LimiterFull {
             max_keys: self.sweeper.max_keys,

@@ -85,7 +85,7 @@ impl Sweeper {
     }
 
     /// Gives back `n` places.
-    fn release(&self, n: usize) {
+    pub(super) fn release(&self, n: usize) {
         if self.capped() && n > 0 {
             // Relaxed: see `reserve`.
             self.keys.fetch_sub(n, Ordering::Relaxed);

@@ -110,11 +110,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // The place under the cap is reserved under the shard's write lock,
         // only when the key is absent (as for a keyed call's new bucket).
         let init = || occupancy.reserve().then(|| self.observer.created());
-        let moved = self
-            .buckets
-            .try_write(self.buckets.hash(key), key, init, |bucket| {
-                self.move_to_arc(key, bucket)
-            });
+        let moved = self.buckets.try_write(
+            self.buckets.hash(key),
+            key,
+            init,
+            |bucket| self.move_to_arc(key, bucket),
+            || occupancy.release(1),
+        );
         let Some(Moved { bucket, pin }) = moved else {
             return Err(Denial::LimiterFull {
                 max_buckets: occupancy.max_buckets,

@@ -61,9 +61,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let moved =
-            self.buckets
-                .try_write(hash, key, || None, |bucket| self.move_to_arc(key, bucket));
+        let moved = self.buckets.try_write(
+            hash,
+            key,
+            || None,
+            |bucket| self.move_to_arc(key, bucket),
+            || {},
+        );
         if let Some(moved) = moved {
             // The cache holds the bucket, not the pin: a sweep may retire it.
             self.hot.insert(hash, key.to_owned(), moved.bucket);

@@ -4,7 +4,7 @@
 //! sweep step is a whole pass, and a shard that grows rehashes all of
 //! its entries in the growing call: the stalls the default store avoids.
 
-use super::Cursor;
+use super::{Cursor, Unwinding};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
@@ -50,6 +50,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Dash<K, V, S> {
         key: &Q,
         init: impl FnOnce() -> Option<V>,
         f: impl FnOnce(&mut V) -> R,
+        unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,
@@ -57,7 +58,13 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Dash<K, V, S> {
     {
         match self.map.entry(key.to_owned()) {
             Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
-            Entry::Vacant(entry) => Some(f(entry.insert(init()?).value_mut())),
+            Entry::Vacant(entry) => {
+                let value = init()?;
+                let unwinding = Unwinding(Some(unreserve));
+                let mut inserted = entry.insert(value);
+                unwinding.defuse();
+                Some(f(inserted.value_mut()))
+            }
         }
     }
 

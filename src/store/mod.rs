@@ -26,6 +26,31 @@ pub(crate) use model::{shard_of, Map, FEW_SHARDS, SHARDS};
 #[cfg(not(loom))]
 pub(crate) use sharded::{FEW_SHARDS, SHARDS};
 
+/// Runs its closure if dropped before [`defuse`](Self::defuse): on the
+/// way out of a panic between a new entry's `init` (which may reserve a
+/// place under a cap) and its insertion (a key's `Clone` or `Hash` that
+/// panics), it gives back what `init` reserved. (Not under loom: the
+/// model's map copies the key before `init`.)
+#[cfg(not(loom))]
+pub(crate) struct Unwinding<F: FnOnce()>(pub(crate) Option<F>);
+
+#[cfg(not(loom))]
+impl<F: FnOnce()> Unwinding<F> {
+    /// The entry is in: nothing to give back.
+    pub(crate) fn defuse(mut self) {
+        self.0 = None;
+    }
+}
+
+#[cfg(not(loom))]
+impl<F: FnOnce()> Drop for Unwinding<F> {
+    fn drop(&mut self) {
+        if let Some(unreserve) = self.0.take() {
+            unreserve();
+        }
+    }
+}
+
 /// Where the automatic sweep stopped in a shard: the next bucket, and the
 /// layout the index refers to (see `Map::retain_slice`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -145,7 +170,8 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
 
     /// Runs `f` on `key`'s value under the shard's write lock, as
     /// [`update`](Self::update) does; if the key is absent, inserts
-    /// `init()` first, unless `init` declines (`None`). `hash` is
+    /// `init()` first, unless `init` declines (`None`); `unreserve` gives
+    /// back what `init` reserved if the insertion unwinds. `hash` is
     /// [`hash`](Self::hash)`(key)`. A `DashMap` only updates (`None` when
     /// the key is absent: the caller then creates it with
     /// [`try_write`](Self::try_write)), so that `init` is never handed
@@ -157,13 +183,14 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         key: &Q,
         f: impl FnOnce(&mut V) -> R,
         init: impl FnOnce() -> Option<V>,
+        unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         match &self.store {
-            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init),
+            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init, unreserve),
             Stored::Dash(map) => map.update(key, f),
         }
     }
@@ -180,28 +207,30 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.try_write(self.hash(key), key, || Some(init()), f)
+        self.try_write(self.hash(key), key, || Some(init()), f, || {})
             .expect("init always inserts")
     }
 
     /// Like [`write`](Self::write), but `init` may decline to insert
     /// (returning `None`), in which case nothing is inserted and `None` is
     /// returned. `init` runs under the shard's write lock, only if the key
-    /// is absent. `hash` is [`hash`](Self::hash)`(key)`.
+    /// is absent; `unreserve` gives back what it reserved if the insertion
+    /// unwinds. `hash` is [`hash`](Self::hash)`(key)`.
     pub(crate) fn try_write<Q, R>(
         &self,
         hash: u64,
         key: &Q,
         init: impl FnOnce() -> Option<V>,
         f: impl FnOnce(&mut V) -> R,
+        unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         match &self.store {
-            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init),
-            Stored::Dash(map) => map.try_write(key, init, f),
+            Stored::Sharded(map) => map.update_or_insert(hash, key, f, init, unreserve),
+            Stored::Dash(map) => map.try_write(key, init, f, unreserve),
         }
     }
 

@@ -87,12 +87,13 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         key: &Q,
         f: impl FnOnce(&mut V) -> R,
         init: impl FnOnce() -> Option<V>,
+        unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.try_write(hash, key, init, f)
+        self.try_write(hash, key, init, f, unreserve)
     }
 
     pub(crate) fn write<Q, R>(
@@ -115,6 +116,8 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Map<K, V, S> {
         key: &Q,
         init: impl FnOnce() -> Option<V>,
         f: impl FnOnce(&mut V) -> R,
+        // The model's keys do not panic: nothing is given back here.
+        _unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,

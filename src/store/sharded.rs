@@ -8,7 +8,7 @@
 //! whole-map pass, a whole-shard pass or a whole-shard rehash.
 
 use super::table::Table;
-use super::Cursor;
+use super::{Cursor, Unwinding};
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -109,6 +109,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
         key: &Q,
         f: impl FnOnce(&mut V) -> R,
         init: impl FnOnce() -> Option<V>,
+        unreserve: impl FnOnce(),
     ) -> Option<R>
     where
         K: Borrow<Q>,
@@ -122,8 +123,9 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
             return Some(result);
         }
         let value = init()?;
-        let (_, value) = shard.insert(hash, (key.to_owned(), value), rehash);
-        Some(f(value))
+        Some(f(insert_new(
+            &mut shard, hash, key, value, unreserve, rehash,
+        )))
     }
 
     /// Keeps the entries for which `keep` returns true, each shard under
@@ -194,4 +196,29 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
                 .shrink_to_fit(|(k, _)| self.hasher.hash_one(k));
         }
     }
+}
+
+/// Inserts `key`'s new `value` (absent from `table`, whose hash is
+/// `hash`), with a copy of the key; `unreserve` gives back the place
+/// `value`'s `init` reserved if the copy or the insertion unwinds (a
+/// key's `Clone` or `Hash` that panics). Out of line: only a key's first
+/// call takes it.
+#[cold]
+#[inline(never)]
+fn insert_new<'t, K, V, Q>(
+    table: &'t mut Table<(K, V)>,
+    hash: u64,
+    key: &Q,
+    value: V,
+    unreserve: impl FnOnce(),
+    rehash: impl Fn(&(K, V)) -> u64,
+) -> &'t mut V
+where
+    K: Borrow<Q>,
+    Q: ToOwned<Owned = K> + ?Sized,
+{
+    let unwinding = Unwinding(Some(unreserve));
+    let (_, value) = table.insert(hash, (key.to_owned(), value), rehash);
+    unwinding.defuse();
+    value
 }
