@@ -230,3 +230,76 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
         );
     }
 }
+
+/// Whether the one stored copy of key 0 has panicked in its drop yet.
+static DROP_PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A key whose stored copy of id 0 panics once when the limiter drops it
+/// (on eviction); the caller's own keys never do.
+#[derive(Debug)]
+struct DropsBadly {
+    id: u64,
+    stored: bool,
+}
+
+impl Clone for DropsBadly {
+    fn clone(&self) -> Self {
+        DropsBadly {
+            id: self.id,
+            stored: true,
+        }
+    }
+}
+
+impl PartialEq for DropsBadly {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropsBadly {}
+
+impl std::hash::Hash for DropsBadly {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl Drop for DropsBadly {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.stored && self.id == 0 && !DROP_PANICKED.swap(true, SeqCst) {
+            panic!("this key's drop panics");
+        }
+    }
+}
+
+/// A key whose drop panics when the automatic sweep evicts it does not
+/// stop the sweep: the step is let go on the way out, and the map stays
+/// bounded under a flood of keys each seen once.
+#[test]
+fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
+    let quota = keyrate::Quota::new(1e9, 1).unwrap();
+    let limiter = TokenBucketLimiter::<DropsBadly, std::hash::RandomState>::with_quota_and_hasher(
+        quota,
+        std::hash::RandomState::new(),
+    )
+    .with_hot_key_cache(false);
+    let mut panics = 0;
+    for id in 0..200_000u64 {
+        let key = DropsBadly { id, stored: false };
+        let at = std::time::Duration::from_micros(id);
+        let call = std::panic::AssertUnwindSafe(|| limiter.allow(&key, at));
+        match std::panic::catch_unwind(call) {
+            Ok(admitted) => assert!(admitted, "key {id} is new"),
+            Err(_) => panics += 1,
+        }
+    }
+    assert_eq!(panics, 1, "key 0's copy panicked once, when evicted");
+    // Three passes of 8,192 keys at most (docs/memory.md), with room.
+    assert!(
+        limiter.len() < 50_000,
+        "{} buckets: the sweep stopped",
+        limiter.len()
+    );
+}

@@ -329,6 +329,15 @@ impl Occupancy {
         self.sweeping.store(false, Ordering::Release);
     }
 
+    /// Lets go of a sweep step that unwound after removing `removed`
+    /// buckets: they are counted, and the next step, which may be taken
+    /// at once, sweeps the same slice again.
+    pub(super) fn abandoned(&self, removed: usize) {
+        self.release(removed);
+        // Release, as in `stepped`.
+        self.sweeping.store(false, Ordering::Release);
+    }
+
     /// The creations the next pass is spread over, at the end of a pass
     /// that left `left` buckets (the caller holds `sweeping`): twice this
     /// pass's length while a good share of the new buckets are for keys

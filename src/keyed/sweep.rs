@@ -65,19 +65,28 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let started = std::time::Instant::now();
         let occupancy = &self.occupancy;
         let step = occupancy.position(now);
-        let mut removed = 0;
+        // If a key's `Hash` or `Drop` panics in the slice, the step is
+        // abandoned on the way out: its evictions counted, the flag let go
+        // (a sweep stuck for good would let the map grow without bound),
+        // and the next step sweeps the slice again.
+        let abandon = Abandon {
+            occupancy,
+            removed: std::cell::Cell::new(0),
+        };
         let next = self
             .buckets
             .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
                 let evict = self.evict(key, bucket, step.full_at);
                 if evict {
-                    removed += 1;
+                    abandon.removed.set(abandon.removed.get() + 1);
                     if Ghosts::sampled(one_in) {
                         occupancy.ghosts.evicted(self.buckets.hash(key));
                     }
                 }
                 !evict
             });
+        let removed = abandon.removed.get();
+        std::mem::forget(abandon);
         occupancy.stepped(removed, next, self.buckets.shard_count());
         self.observer.counters.swept(removed, started.elapsed());
     }
@@ -93,5 +102,18 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
         self.moved.shrink_to_fit();
+    }
+}
+
+/// A sweep step on its way out of a panic (see `sweep_step`).
+struct Abandon<'a> {
+    occupancy: &'a super::occupancy::Occupancy,
+    /// Buckets the step evicted so far.
+    removed: std::cell::Cell<usize>,
+}
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.occupancy.abandoned(self.removed.get());
     }
 }
