@@ -8,7 +8,7 @@ mod compound_model;
 use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
 use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 proptest! {
@@ -624,4 +624,79 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
         matches!(refused, Err(CompoundDenial::LimiterFull { .. })),
         "{refused:?}"
     );
+}
+
+/// Whether the one stored copy of key 0 has panicked in its drop yet.
+static DROP_PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// A key whose stored copy of id 0 panics once when the limiter drops it
+/// (on eviction); the caller's own keys never do.
+#[derive(Debug)]
+struct DropsBadly {
+    id: u64,
+    stored: bool,
+}
+
+impl Clone for DropsBadly {
+    fn clone(&self) -> Self {
+        DropsBadly {
+            id: self.id,
+            stored: true,
+        }
+    }
+}
+
+impl PartialEq for DropsBadly {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropsBadly {}
+
+impl std::hash::Hash for DropsBadly {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl Drop for DropsBadly {
+    fn drop(&mut self) {
+        if self.stored && self.id == 0 && !DROP_PANICKED.swap(true, Ordering::SeqCst) {
+            panic!("this key's drop panics");
+        }
+    }
+}
+
+/// A sweep that unwinds (a key's drop panics on eviction) still gives
+/// back the places of the buckets it removed: at the cap of one key, the
+/// removed key's place goes to the next new key.
+#[test]
+fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
+    let limiter = CompoundLimiter::<DropsBadly, std::hash::RandomState>::with_hasher(
+        std::hash::RandomState::new(),
+    )
+    .with_max_keys(1)
+    .with_auto_sweep(false)
+    .with_hot_key_cache(false);
+    let plan = policy(&[(1_000_000_000, 5)]);
+    let first = DropsBadly {
+        id: 0,
+        stored: false,
+    };
+    assert!(limiter.check(&first, &plan, 0.0, 1).is_ok());
+    assert_eq!(limiter.len(), 1);
+    // Full again at 1 s: the sweep removes it, and its copy's drop panics.
+    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep(10.0));
+    assert!(
+        std::panic::catch_unwind(sweep).is_err(),
+        "the drop panicked"
+    );
+    assert_eq!(limiter.len(), 0, "the removed key's place was kept");
+    let next = DropsBadly {
+        id: 1,
+        stored: false,
+    };
+    let admitted = limiter.check(&next, &plan, 10.0, 1);
+    assert!(admitted.is_ok(), "{admitted:?}");
 }
