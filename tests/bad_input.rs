@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::keys::{DropsBadly, Touchy};
 use common::model::{as_secs, outcome, Model, Outcome};
 use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
 use proptest::prelude::*;
@@ -177,18 +178,6 @@ proptest! {
     }
 }
 
-/// A key whose `Clone` panics for one name: the limiter's copy of a new
-/// key is made after the key took its place under the cap.
-#[derive(Debug, Hash, PartialEq, Eq)]
-struct Touchy(&'static str);
-
-impl Clone for Touchy {
-    fn clone(&self) -> Self {
-        assert_ne!(self.0, "boom", "this key's clone panics");
-        Touchy(self.0)
-    }
-}
-
 /// A call for a new key that panics before its bucket is stored (its
 /// `Clone`) gives its place under the cap back, on both stores and for a
 /// handle: another new key gets in, and the cap still holds.
@@ -231,49 +220,6 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
     }
 }
 
-/// Whether the one stored copy of key 0 has panicked in its drop yet.
-static DROP_PANICKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// A key whose stored copy of id 0 panics once when the limiter drops it
-/// (on eviction); the caller's own keys never do.
-#[derive(Debug)]
-struct DropsBadly {
-    id: u64,
-    stored: bool,
-}
-
-impl Clone for DropsBadly {
-    fn clone(&self) -> Self {
-        DropsBadly {
-            id: self.id,
-            stored: true,
-        }
-    }
-}
-
-impl PartialEq for DropsBadly {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for DropsBadly {}
-
-impl std::hash::Hash for DropsBadly {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-impl Drop for DropsBadly {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self.stored && self.id == 0 && !DROP_PANICKED.swap(true, SeqCst) {
-            panic!("this key's drop panics");
-        }
-    }
-}
-
 /// A key whose drop panics when the automatic sweep evicts it does not
 /// stop the sweep: the step is let go on the way out, and the map stays
 /// bounded under a flood of keys each seen once.
@@ -287,7 +233,7 @@ fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
     .with_hot_key_cache(false);
     let mut panics = 0;
     for id in 0..200_000u64 {
-        let key = DropsBadly { id, stored: false };
+        let key = DropsBadly::new(id);
         let at = std::time::Duration::from_micros(id);
         let call = std::panic::AssertUnwindSafe(|| limiter.allow(&key, at));
         match std::panic::catch_unwind(call) {

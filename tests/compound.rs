@@ -3,12 +3,14 @@
 //! of several token buckets written here, on bad input, and under real
 //! threads.
 
+mod common;
 mod compound_model;
 
+use common::keys::{DropsBadly, Touchy};
 use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
 use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 proptest! {
@@ -175,6 +177,16 @@ fn sweep_and_cap() {
 /// hot-cell cache: its map changes only as the calls below make it.
 fn capped(max_keys: usize) -> CompoundLimiter {
     CompoundLimiter::new()
+        .with_max_keys(max_keys)
+        .with_auto_sweep(false)
+        .with_hot_key_cache(false)
+}
+
+/// [`capped`], for keys of type `K`.
+fn capped_keys<K: std::hash::Hash + Eq>(
+    max_keys: usize,
+) -> CompoundLimiter<K, std::hash::RandomState> {
+    CompoundLimiter::with_hasher(std::hash::RandomState::new())
         .with_max_keys(max_keys)
         .with_auto_sweep(false)
         .with_hot_key_cache(false)
@@ -583,29 +595,12 @@ fn the_hot_key_cache_changes_no_decision_of_several_scopes() {
     );
 }
 
-/// A key whose `Clone` panics for one name: the limiter's copy of a new
-/// key is the last step before its bucket is stored.
-#[derive(Debug, Hash, PartialEq, Eq)]
-struct Touchy(&'static str);
-
-impl Clone for Touchy {
-    fn clone(&self) -> Self {
-        assert_ne!(self.0, "boom", "this key's clone panics");
-        Touchy(self.0)
-    }
-}
-
 /// A call for a new key that panics after the key took its place under
 /// the cap (its `Clone`, when the limiter stores its copy) gives the
 /// place back: it was never stored, and another new key gets in.
 #[test]
 fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
-    let limiter = CompoundLimiter::<Touchy, std::hash::RandomState>::with_hasher(
-        std::hash::RandomState::new(),
-    )
-    .with_max_keys(1)
-    .with_auto_sweep(false)
-    .with_hot_key_cache(false);
+    let limiter = capped_keys::<Touchy>(1);
     let plan = policy(&[(1_000_000_000, 5)]);
     for _ in 0..3 {
         let call = std::panic::AssertUnwindSafe(|| limiter.check(&Touchy("boom"), &plan, 0.0, 1));
@@ -626,64 +621,14 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
     );
 }
 
-/// Whether the one stored copy of key 0 has panicked in its drop yet.
-static DROP_PANICKED: AtomicBool = AtomicBool::new(false);
-
-/// A key whose stored copy of id 0 panics once when the limiter drops it
-/// (on eviction); the caller's own keys never do.
-#[derive(Debug)]
-struct DropsBadly {
-    id: u64,
-    stored: bool,
-}
-
-impl Clone for DropsBadly {
-    fn clone(&self) -> Self {
-        DropsBadly {
-            id: self.id,
-            stored: true,
-        }
-    }
-}
-
-impl PartialEq for DropsBadly {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for DropsBadly {}
-
-impl std::hash::Hash for DropsBadly {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-impl Drop for DropsBadly {
-    fn drop(&mut self) {
-        if self.stored && self.id == 0 && !DROP_PANICKED.swap(true, Ordering::SeqCst) {
-            panic!("this key's drop panics");
-        }
-    }
-}
-
 /// A sweep that unwinds (a key's drop panics on eviction) still gives
 /// back the places of the buckets it removed: at the cap of one key, the
 /// removed key's place goes to the next new key.
 #[test]
 fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
-    let limiter = CompoundLimiter::<DropsBadly, std::hash::RandomState>::with_hasher(
-        std::hash::RandomState::new(),
-    )
-    .with_max_keys(1)
-    .with_auto_sweep(false)
-    .with_hot_key_cache(false);
+    let limiter = capped_keys::<DropsBadly>(1);
     let plan = policy(&[(1_000_000_000, 5)]);
-    let first = DropsBadly {
-        id: 0,
-        stored: false,
-    };
+    let first = DropsBadly::new(0);
     assert!(limiter.check(&first, &plan, 0.0, 1).is_ok());
     assert_eq!(limiter.len(), 1);
     // Full again at 1 s: the sweep removes it, and its copy's drop panics.
@@ -693,10 +638,7 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
         "the drop panicked"
     );
     assert_eq!(limiter.len(), 0, "the removed key's place was kept");
-    let next = DropsBadly {
-        id: 1,
-        stored: false,
-    };
+    let next = DropsBadly::new(1);
     let admitted = limiter.check(&next, &plan, 10.0, 1);
     assert!(admitted.is_ok(), "{admitted:?}");
 }

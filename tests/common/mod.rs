@@ -2,6 +2,7 @@
 //! generator and guard, used by every test file.
 #![allow(dead_code)]
 
+pub mod keys;
 pub mod model;
 pub mod plans;
 pub mod sync;
