@@ -2,6 +2,9 @@
 //! the memory bound, and bad input. Counts only, never timings.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::keys::DropsBadly;
 use keyrate::{ConcurrencyDenial, ConcurrencyLimiter, ConfigError, Permit};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
@@ -269,4 +272,25 @@ fn rate_and_concurrency_together_or_neither() {
     assert_eq!(streams.held("k"), 0);
     assert_eq!(rate.remaining("k", 0.0), Ok(2));
     assert_eq!(streams.stats().rate_limited, 1);
+}
+
+/// A sweep that unwinds (a key's drop panics on eviction) still gives
+/// back the places of the keys it removed: at the cap of one key, the
+/// removed key's place goes to the next new key.
+#[test]
+fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
+    let limiter: ConcurrencyLimiter<DropsBadly, std::hash::RandomState> =
+        ConcurrencyLimiter::try_with_hasher(1, std::hash::RandomState::new())
+            .unwrap()
+            .with_max_keys(1);
+    drop(limiter.try_acquire(&DropsBadly::new(0)).unwrap());
+    assert_eq!(limiter.len(), 1);
+    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep());
+    assert!(
+        std::panic::catch_unwind(sweep).is_err(),
+        "the drop panicked"
+    );
+    assert_eq!(limiter.len(), 0);
+    let next = limiter.try_acquire(&DropsBadly::new(1));
+    assert!(next.is_ok(), "the removed key's place was kept: {next:?}");
 }

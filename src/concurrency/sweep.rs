@@ -111,10 +111,10 @@ impl Sweeper {
             return 0;
         };
         let (shard, at) = *position;
-        let mut removed = 0;
+        let removed = Removed(self, std::cell::Cell::new(0));
         let next = slots.retain_slice(shard, at, SWEEP_SLICE, |_, slot| {
             let retire = slot.visit() == Visit::Retired;
-            removed += usize::from(retire);
+            removed.count(retire);
             !retire
         });
         *position = match next {
@@ -122,8 +122,29 @@ impl Sweeper {
             Err(_) => ((shard + 1) % slots.shard_count(), Cursor::default()),
         };
         drop(position);
-        self.release(removed);
-        removed
+        removed.release()
+    }
+}
+
+/// Slots a sweep removed: their places under the cap, given back when it
+/// is dropped, however the sweep ends (a key's `Drop` that panics on
+/// eviction leaves them counted otherwise, for good).
+struct Removed<'a>(&'a Sweeper, std::cell::Cell<usize>);
+
+impl Removed<'_> {
+    fn count(&self, retired: bool) {
+        self.1.set(self.1.get() + usize::from(retired));
+    }
+
+    /// Gives the places back now; returns how many.
+    fn release(self) -> usize {
+        self.1.get()
+    }
+}
+
+impl Drop for Removed<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1.get());
     }
 }
 
@@ -158,13 +179,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     /// assert!(limiter.is_empty());
     /// ```
     pub fn sweep(&self) -> usize {
-        let mut removed = 0;
+        let removed = Removed(&self.sweeper, std::cell::Cell::new(0));
         self.slots.retain(|_, slot| {
             let retire = slot.try_retire();
-            removed += usize::from(retire);
+            removed.count(retire);
             !retire
         });
-        self.sweeper.release(removed);
+        let removed = removed.release();
         self.counters.removed(removed);
         removed
     }
