@@ -80,6 +80,7 @@ mod error;
 #[cfg(loom)]
 mod flaw;
 mod gcra;
+mod guard;
 mod hot;
 mod keyed;
 #[cfg(feature = "tower")]

@@ -233,7 +233,11 @@ fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
     .with_hot_key_cache(false);
     let mut panics = 0;
     for id in 0..200_000u64 {
-        let key = DropsBadly::new(id);
+        let key = if id == 0 {
+            DropsBadly::boom(0)
+        } else {
+            DropsBadly::new(id)
+        };
         let at = std::time::Duration::from_micros(id);
         let call = std::panic::AssertUnwindSafe(|| limiter.allow(&key, at));
         match std::panic::catch_unwind(call) {
@@ -247,5 +251,32 @@ fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
         limiter.len() < 50_000,
         "{} buckets: the sweep stopped",
         limiter.len()
+    );
+}
+
+/// A sweep by hand that unwinds (a key's drop panics on eviction) still
+/// gives back the places of the buckets it removed: at the cap of one
+/// key, the removed key's place goes to the next new key.
+#[test]
+fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
+    let quota = keyrate::Quota::new(1.0, 5).unwrap();
+    let limiter = TokenBucketLimiter::<DropsBadly, std::hash::RandomState>::with_quota_and_hasher(
+        quota,
+        std::hash::RandomState::new(),
+    )
+    .with_max_buckets(1)
+    .with_auto_sweep(false)
+    .with_hot_key_cache(false);
+    assert!(limiter.allow(&DropsBadly::boom(0), 0.0));
+    // Full again at 1 s: the sweep removes it, and its copy's drop panics.
+    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep(10.0));
+    assert!(
+        std::panic::catch_unwind(sweep).is_err(),
+        "the drop panicked"
+    );
+    assert_eq!(limiter.len(), 0);
+    assert!(
+        limiter.allow(&DropsBadly::new(1), 10.0),
+        "the removed key's place was kept"
     );
 }

@@ -628,7 +628,7 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
 fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
     let limiter = capped_keys::<DropsBadly>(1);
     let plan = policy(&[(1_000_000_000, 5)]);
-    let first = DropsBadly::new(0);
+    let first = DropsBadly::boom(0);
     assert!(limiter.check(&first, &plan, 0.0, 1).is_ok());
     assert_eq!(limiter.len(), 1);
     // Full again at 1 s: the sweep removes it, and its copy's drop panics.

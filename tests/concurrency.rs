@@ -283,7 +283,7 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
         ConcurrencyLimiter::try_with_hasher(1, std::hash::RandomState::new())
             .unwrap()
             .with_max_keys(1);
-    drop(limiter.try_acquire(&DropsBadly::new(0)).unwrap());
+    drop(limiter.try_acquire(&DropsBadly::boom(0)).unwrap());
     assert_eq!(limiter.len(), 1);
     let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep());
     assert!(

@@ -30,6 +30,7 @@ use super::cell::Cell;
 use super::decide;
 #[cfg(loom)]
 use super::policy::MAX_QUOTAS;
+use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
 use crate::sync::{unmodeled, Arc, AtomicUsize, Lock, Ordering};
 use crate::time::Nanos;
@@ -69,25 +70,6 @@ impl<K> Shard<K> {
 /// A new key could not be stored: the map holds `max_keys`.
 #[derive(Debug)]
 pub(crate) struct Full;
-
-/// A place under the cap, reserved for a new entry: given back on drop
-/// unless [`taken`](Self::taken), so that a panic between the reservation
-/// and the insertion (a key's `Clone` or `Hash`) leaks no place.
-struct Place<'a>(&'a AtomicUsize);
-
-impl Place<'_> {
-    /// The entry is in the map: the place is its own now.
-    fn taken(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        // Relaxed: as in `reserve`.
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 pub(crate) struct Store<K, S> {
     hasher: S,
@@ -210,13 +192,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
         let hasher = &self.hasher;
         map.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
-        place.taken();
+        place.defuse();
         Ok(result)
     }
 
     /// Takes a place under the cap for a new entry: given back when the
-    /// [`Place`] is dropped, unless the entry took it.
-    fn reserve(&self) -> Result<Place<'_>, Full> {
+    /// guard is dropped, unless the entry took it first (`defuse`), so that
+    /// a panic between the two (a key's `Clone` or `Hash`) leaks no place.
+    fn reserve(&self) -> Result<Unwinding<impl FnOnce() + '_>, Full> {
         // Relaxed: the count guards only itself (one read-modify-write
         // decides, so two inserts cannot both take the last place); the
         // entry is published by its shard's lock, not by this counter.
@@ -229,7 +212,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // Relaxed: only paces the automatic sweep (see `step`).
             self.pace.made.fetch_add(1, unmodeled::Relaxed);
         }
-        Ok(Place(&self.len))
+        Ok(Unwinding::new(|| {
+            // Relaxed: as above.
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }))
     }
 
     /// The words of the key's cell, if it has one (for the loom models).

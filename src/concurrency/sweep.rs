@@ -3,6 +3,7 @@
 
 use super::slot::{Slot, Visit};
 use super::ConcurrencyLimiter;
+use crate::guard::Tally;
 use crate::store::{Cursor, Map};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use std::hash::{BuildHasher, Hash};
@@ -111,10 +112,12 @@ impl Sweeper {
             return 0;
         };
         let (shard, at) = *position;
-        let removed = Removed(self, std::cell::Cell::new(0));
+        // Places given back however the slice ends (a key's `Drop` may
+        // panic on eviction).
+        let removed = Tally::new(|n| self.release(n));
         let next = slots.retain_slice(shard, at, SWEEP_SLICE, |_, slot| {
             let retire = slot.visit() == Visit::Retired;
-            removed.count(retire);
+            removed.add(retire);
             !retire
         });
         *position = match next {
@@ -122,29 +125,7 @@ impl Sweeper {
             Err(_) => ((shard + 1) % slots.shard_count(), Cursor::default()),
         };
         drop(position);
-        removed.release()
-    }
-}
-
-/// Slots a sweep removed: their places under the cap, given back when it
-/// is dropped, however the sweep ends (a key's `Drop` that panics on
-/// eviction leaves them counted otherwise, for good).
-struct Removed<'a>(&'a Sweeper, std::cell::Cell<usize>);
-
-impl Removed<'_> {
-    fn count(&self, retired: bool) {
-        self.1.set(self.1.get() + usize::from(retired));
-    }
-
-    /// Gives the places back now; returns how many.
-    fn release(self) -> usize {
-        self.1.get()
-    }
-}
-
-impl Drop for Removed<'_> {
-    fn drop(&mut self) {
-        self.0.release(self.1.get());
+        removed.settle()
     }
 }
 
@@ -179,13 +160,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     /// assert!(limiter.is_empty());
     /// ```
     pub fn sweep(&self) -> usize {
-        let removed = Removed(&self.sweeper, std::cell::Cell::new(0));
+        let removed = Tally::new(|n| self.sweeper.release(n));
         self.slots.retain(|_, slot| {
             let retire = slot.try_retire();
-            removed.count(retire);
+            removed.add(retire);
             !retire
         });
-        let removed = removed.release();
+        let removed = removed.settle();
         self.counters.removed(removed);
         removed
     }

@@ -7,6 +7,7 @@
 use super::ghosts::Ghosts;
 use super::occupancy::{one_in, SWEEP_SLICE};
 use super::TokenBucketLimiter;
+use crate::guard::Tally;
 use crate::time::{At, Nanos};
 use std::hash::{BuildHasher, Hash};
 
@@ -46,13 +47,15 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
 
     pub(super) fn sweep_nanos(&self, now: Nanos) -> usize {
         let started = std::time::Instant::now();
-        let mut removed = 0;
+        // Places given back however the sweep ends (a key's `Drop` may
+        // panic on eviction).
+        let removed = Tally::new(|n| self.occupancy.release(n));
         self.buckets.retain(|key, bucket| {
             let evict = self.evict(key, bucket, now);
-            removed += usize::from(evict);
+            removed.add(evict);
             !evict
         });
-        self.occupancy.release(removed);
+        let removed = removed.settle();
         self.observer.counters.swept(removed, started.elapsed());
         removed
     }
@@ -69,24 +72,19 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // abandoned on the way out: its evictions counted, the flag let go
         // (a sweep stuck for good would let the map grow without bound),
         // and the next step sweeps the slice again.
-        let abandon = Abandon {
-            occupancy,
-            removed: std::cell::Cell::new(0),
-        };
+        let removed = Tally::new(|n| occupancy.abandoned(n));
         let next = self
             .buckets
             .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
                 let evict = self.evict(key, bucket, step.full_at);
-                if evict {
-                    abandon.removed.set(abandon.removed.get() + 1);
-                    if Ghosts::sampled(one_in) {
-                        occupancy.ghosts.evicted(self.buckets.hash(key));
-                    }
+                removed.add(evict);
+                if evict && Ghosts::sampled(one_in) {
+                    occupancy.ghosts.evicted(self.buckets.hash(key));
                 }
                 !evict
             });
-        let removed = abandon.removed.get();
-        std::mem::forget(abandon);
+        // Settled by `stepped`, which counts the evictions and lets go.
+        let removed = removed.forget();
         occupancy.stepped(removed, next, self.buckets.shard_count());
         self.observer.counters.swept(removed, started.elapsed());
     }
@@ -102,18 +100,5 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub fn shrink_to_fit(&self) {
         self.buckets.shrink_to_fit();
         self.moved.shrink_to_fit();
-    }
-}
-
-/// A sweep step on its way out of a panic (see `sweep_step`).
-struct Abandon<'a> {
-    occupancy: &'a super::occupancy::Occupancy,
-    /// Buckets the step evicted so far.
-    removed: std::cell::Cell<usize>,
-}
-
-impl Drop for Abandon<'_> {
-    fn drop(&mut self) {
-        self.occupancy.abandoned(self.removed.get());
     }
 }

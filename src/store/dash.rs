@@ -4,7 +4,8 @@
 //! sweep step is a whole pass, and a shard that grows rehashes all of
 //! its entries in the growing call: the stalls the default store avoids.
 
-use super::{Cursor, Unwinding};
+use super::Cursor;
+use crate::guard::Unwinding;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::borrow::Borrow;
@@ -60,7 +61,7 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Dash<K, V, S> {
             Entry::Occupied(mut entry) => Some(f(entry.get_mut())),
             Entry::Vacant(entry) => {
                 let value = init()?;
-                let unwinding = Unwinding(Some(unreserve));
+                let unwinding = Unwinding::new(unreserve);
                 let mut inserted = entry.insert(value);
                 unwinding.defuse();
                 Some(f(inserted.value_mut()))

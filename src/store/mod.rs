@@ -26,31 +26,6 @@ pub(crate) use model::{shard_of, Map, FEW_SHARDS, SHARDS};
 #[cfg(not(loom))]
 pub(crate) use sharded::{FEW_SHARDS, SHARDS};
 
-/// Runs its closure if dropped before [`defuse`](Self::defuse): on the
-/// way out of a panic between a new entry's `init` (which may reserve a
-/// place under a cap) and its insertion (a key's `Clone` or `Hash` that
-/// panics), it gives back what `init` reserved. (Not under loom: the
-/// model's map copies the key before `init`.)
-#[cfg(not(loom))]
-pub(crate) struct Unwinding<F: FnOnce()>(pub(crate) Option<F>);
-
-#[cfg(not(loom))]
-impl<F: FnOnce()> Unwinding<F> {
-    /// The entry is in: nothing to give back.
-    pub(crate) fn defuse(mut self) {
-        self.0 = None;
-    }
-}
-
-#[cfg(not(loom))]
-impl<F: FnOnce()> Drop for Unwinding<F> {
-    fn drop(&mut self) {
-        if let Some(unreserve) = self.0.take() {
-            unreserve();
-        }
-    }
-}
-
 /// Where the automatic sweep stopped in a shard: the next bucket, and the
 /// layout the index refers to (see `Map::retain_slice`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

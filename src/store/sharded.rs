@@ -8,7 +8,8 @@
 //! whole-map pass, a whole-shard pass or a whole-shard rehash.
 
 use super::table::Table;
-use super::{Cursor, Unwinding};
+use super::Cursor;
+use crate::guard::Unwinding;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 
@@ -217,7 +218,7 @@ where
     K: Borrow<Q>,
     Q: ToOwned<Owned = K> + ?Sized,
 {
-    let unwinding = Unwinding(Some(unreserve));
+    let unwinding = Unwinding::new(unreserve);
     let (_, value) = table.insert(hash, (key.to_owned(), value), rehash);
     unwinding.defuse();
     value

@@ -2,6 +2,7 @@
 //! nothing when a key's `Clone`, `Hash` or `Drop` unwinds through it.
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 
 /// A key whose `Clone` panics for the name `"boom"`: a limiter copies a
 /// new key as the last step before storing its bucket.
@@ -15,22 +16,33 @@ impl Clone for Touchy {
     }
 }
 
-/// Whether a stored copy of `DropsBadly` id 0 has panicked yet (once per
-/// test binary: one test in each uses it).
-static DROP_PANICKED: AtomicBool = AtomicBool::new(false);
-
-/// A key whose copy of id 0 (the limiter's: made by `Clone`) panics once
-/// when dropped, as on eviction; the caller's own keys never do.
+/// A key whose copies made by `Clone` (the limiter's) panic when
+/// dropped, as on eviction, the first time one of them is, if the key
+/// was made with [`boom`](Self::boom); the caller's own keys never do.
 #[derive(Debug)]
 pub struct DropsBadly {
     pub id: u64,
     stored: bool,
+    /// Shared by a key and its copies: set once one of them has panicked.
+    fuse: Option<Arc<AtomicBool>>,
 }
 
 impl DropsBadly {
-    /// The caller's key `id`.
+    /// The caller's key `id`, whose copies drop quietly.
     pub fn new(id: u64) -> Self {
-        DropsBadly { id, stored: false }
+        DropsBadly {
+            id,
+            stored: false,
+            fuse: None,
+        }
+    }
+
+    /// The caller's key `id`, whose first copy to be dropped panics.
+    pub fn boom(id: u64) -> Self {
+        DropsBadly {
+            fuse: Some(Arc::new(AtomicBool::new(false))),
+            ..DropsBadly::new(id)
+        }
     }
 }
 
@@ -39,6 +51,7 @@ impl Clone for DropsBadly {
         DropsBadly {
             id: self.id,
             stored: true,
+            fuse: self.fuse.clone(),
         }
     }
 }
@@ -59,7 +72,8 @@ impl std::hash::Hash for DropsBadly {
 
 impl Drop for DropsBadly {
     fn drop(&mut self) {
-        if self.stored && self.id == 0 && !DROP_PANICKED.swap(true, SeqCst) {
+        let blown = |fuse: &Arc<AtomicBool>| !fuse.swap(true, SeqCst);
+        if self.stored && self.fuse.as_ref().is_some_and(blown) {
             panic!("this key's drop panics");
         }
     }

@@ -40,9 +40,10 @@ use super::{Store, SHARDS};
 use crate::compound::cell::{Cell, Retired};
 use crate::compound::decide;
 use crate::gcra;
+use crate::guard::Tally;
 use crate::keyed::ghosts::Ghosts;
 use crate::keyed::occupancy::{next_pass_length, one_in};
-use crate::sync::{unmodeled, Arc, AtomicUsize, Ordering};
+use crate::sync::{unmodeled, Arc, Ordering};
 use crate::time::Nanos;
 use std::hash::{BuildHasher, Hash};
 
@@ -68,24 +69,6 @@ pub(super) struct Pace {
     /// The timestamp of the step that started the previous pass: a step
     /// removes only buckets full since then.
     idle_since: unmodeled::AtomicU64,
-}
-
-/// Entries a sweep removed: their places under the cap, given back
-/// when it is dropped, however the sweep ends.
-struct Removed<'a>(&'a AtomicUsize, std::cell::Cell<usize>);
-
-impl Removed<'_> {
-    /// How many, given back now.
-    fn count(self) -> usize {
-        self.1.get()
-    }
-}
-
-impl Drop for Removed<'_> {
-    fn drop(&mut self) {
-        // Relaxed: as in `reserve`.
-        self.0.fetch_sub(self.1.get(), Ordering::Relaxed);
-    }
 }
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
@@ -196,16 +179,19 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let (ghosts, hasher) = (&self.ghosts, &self.hasher);
         // The least `full_at` of the cells kept.
         let mut full_from = u64::MAX;
-        // Counted as they go, and given back even if a key's `Drop` or
-        // `Hash` panics halfway (the cells removed by then are gone).
-        let removed = Removed(&self.len, std::cell::Cell::new(0));
+        // Counted as they go, and their places given back even if a key's
+        // `Drop` or `Hash` panics halfway (the cells removed by then are
+        // gone). Relaxed: as in `reserve`.
+        let removed = Tally::new(|n| {
+            self.len.fetch_sub(n, Ordering::Relaxed);
+        });
         map.retain(|(key, cell)| match cell.lock() {
             Ok(mut locked) => {
                 let full_at = decide::full_at(&locked.words);
                 let spared = || spare.iter().flatten().any(|held| Arc::ptr_eq(held, cell));
                 let full = gcra::is_full(full_at, now) && !spared();
+                removed.add(full);
                 if full {
-                    removed.1.set(removed.1.get() + 1);
                     locked.retire();
                     if Ghosts::sampled(one_in) {
                         ghosts.evicted(hasher.hash_one(key));
@@ -218,7 +204,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // Cells in the map are never retired (both happen under
             // the shard's lock).
             Err(Retired) => {
-                removed.1.set(removed.1.get() + 1);
+                removed.add(true);
                 false
             }
         });
@@ -226,6 +212,6 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         shard.full_from.store(full_from, unmodeled::Relaxed);
         let kept = map.len();
         drop(map);
-        (removed.count(), kept)
+        (removed.settle(), kept)
     }
 }
