@@ -178,21 +178,27 @@ proptest! {
     }
 }
 
+/// A limiter of keys of type `K` at `rate` and `capacity`, with no
+/// hot-key cache: a key's only copy is its map entry's.
+fn uncached<K: std::hash::Hash + Eq + 'static>(
+    rate: f64,
+    capacity: u64,
+) -> TokenBucketLimiter<K, std::hash::RandomState> {
+    let quota = keyrate::Quota::new(rate, capacity).unwrap();
+    TokenBucketLimiter::with_quota_and_hasher(quota, std::hash::RandomState::new())
+        .with_hot_key_cache(false)
+}
+
 /// A call for a new key that panics before its bucket is stored (its
 /// `Clone`) gives its place under the cap back, on both stores and for a
 /// handle: another new key gets in, and the cap still holds.
 #[test]
 fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
     for store in [keyrate::Store::Sharded, keyrate::Store::DashMap] {
-        let quota = keyrate::Quota::new(1.0, 5).unwrap();
-        let limiter = TokenBucketLimiter::<Touchy, std::hash::RandomState>::with_quota_and_hasher(
-            quota,
-            std::hash::RandomState::new(),
-        )
-        .with_store(store)
-        .with_max_buckets(1)
-        .with_auto_sweep(false)
-        .with_hot_key_cache(false);
+        let limiter = uncached::<Touchy>(1.0, 5)
+            .with_store(store)
+            .with_max_buckets(1)
+            .with_auto_sweep(false);
         for _ in 0..3 {
             let call = std::panic::AssertUnwindSafe(|| limiter.allow(&Touchy("boom"), 0.0));
             let handle = std::panic::AssertUnwindSafe(|| limiter.try_bucket(&Touchy("boom")));
@@ -225,12 +231,7 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
 /// bounded under a flood of keys each seen once.
 #[test]
 fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
-    let quota = keyrate::Quota::new(1e9, 1).unwrap();
-    let limiter = TokenBucketLimiter::<DropsBadly, std::hash::RandomState>::with_quota_and_hasher(
-        quota,
-        std::hash::RandomState::new(),
-    )
-    .with_hot_key_cache(false);
+    let limiter = uncached::<DropsBadly>(1e9, 1);
     let mut panics = 0;
     for id in 0..200_000u64 {
         let key = if id == 0 {
@@ -259,14 +260,9 @@ fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
 /// key, the removed key's place goes to the next new key.
 #[test]
 fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
-    let quota = keyrate::Quota::new(1.0, 5).unwrap();
-    let limiter = TokenBucketLimiter::<DropsBadly, std::hash::RandomState>::with_quota_and_hasher(
-        quota,
-        std::hash::RandomState::new(),
-    )
-    .with_max_buckets(1)
-    .with_auto_sweep(false)
-    .with_hot_key_cache(false);
+    let limiter = uncached::<DropsBadly>(1.0, 5)
+        .with_max_buckets(1)
+        .with_auto_sweep(false);
     assert!(limiter.allow(&DropsBadly::boom(0), 0.0));
     // Full again at 1 s: the sweep removes it, and its copy's drop panics.
     let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep(10.0));
