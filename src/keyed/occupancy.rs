@@ -106,9 +106,15 @@ const LEFT_PER_CREATION: usize = 4;
 /// The share of new buckets that must be for returning keys (keys the
 /// sweep evicted within the last few hundred passes, counted by sample in
 /// [`Ghosts`]) for the next pass to be twice as long: one in this many,
-/// and at least [`RETURNS_TO_GROW`] of the watched keys.
-const RETURNING_SHARE: usize = 8;
-const RETURNS_TO_GROW: usize = 4;
+/// and at least [`RETURNS_TO_GROW`] of the watched keys (each stands for
+/// about 256 returns). A stream of keys each seen once counts none, so
+/// the bar can sit this low: at one in eight and four returns, a pass of
+/// 8,192 creations a third of which were keys first seen (the everyday
+/// benchmark at 10^6 keys) stayed at the floor while 6-9% of its
+/// creations were returns; this bar cut that benchmark's re-creations of
+/// active keys by 36-40% at 10^6 keys (`BENCHMARKS.md`, seventh round).
+const RETURNING_SHARE: usize = 32;
+const RETURNS_TO_GROW: usize = 2;
 
 /// Creations sampled for the sweep's pacing: one in this many counts, with
 /// this weight (see [`Occupancy::step_due`]). Under loom, every creation
