@@ -105,16 +105,26 @@ const LEFT_PER_CREATION: usize = 4;
 
 /// The share of new buckets that must be for returning keys (keys the
 /// sweep evicted within the last few hundred passes, counted by sample in
-/// [`Ghosts`]) for the next pass to be twice as long: one in this many,
-/// and at least [`RETURNS_TO_GROW`] of the watched keys (each stands for
-/// about 256 returns). A stream of keys each seen once counts none, so
-/// the bar can sit this low: at one in eight and four returns, a pass of
-/// 8,192 creations a third of which were keys first seen (the everyday
-/// benchmark at 10^6 keys) stayed at the floor while 6-9% of its
-/// creations were returns; this bar cut that benchmark's re-creations of
-/// active keys by 36-40% at 10^6 keys (`BENCHMARKS.md`, seventh round).
+/// [`Ghosts`]) for the next pass to be [`GROWTH`] times as long: one in
+/// this many, and at least [`RETURNS_TO_GROW`] of the watched keys (each
+/// stands for about 256 returns). A stream of keys each seen once counts
+/// none, so the bar can sit this low: at one in eight and four returns,
+/// passes of 8,192 creations a third of which were keys first seen (the
+/// everyday benchmark at 10^6 keys) stayed at the floor while 6-9% of
+/// their creations were returns (`BENCHMARKS.md`, seventh round).
 const RETURNING_SHARE: usize = 32;
 const RETURNS_TO_GROW: usize = 2;
+
+/// How much longer the next pass is when the returns clear that bar. A
+/// pass takes its own length in creations, so passes that must reach a
+/// return interval `r` (in creations) from the floor take about `r *
+/// GROWTH / (GROWTH - 1)` creations to get there, re-creating returning
+/// keys all along: at 2, the everyday benchmark at 10^6 keys was still
+/// learning for most of its rounds. 4 learns in two thirds of the
+/// creations, for at most four times the length the keys need (not two)
+/// until the passes shrink back, a quarter a pass (`BENCHMARKS.md`,
+/// seventh round).
+const GROWTH: usize = 4;
 
 /// Creations sampled for the sweep's pacing: one in this many counts, with
 /// this weight (see [`Occupancy::step_due`]). Under loom, every creation
@@ -131,13 +141,13 @@ const PRESSURE_SAMPLED_FROM: usize = 32;
 /// The pacing rule of both automatic sweeps (this limiter's and the
 /// compound limiter's): the creations the next pass is spread over, after
 /// a pass of `length` that left `left` entries, ending the pass in
-/// `ghosts`. Twice `length` while a good share of the new entries are for
+/// `ghosts`. [`GROWTH`] times `length` while a good share of the new entries are for
 /// keys evicted recently, else three quarters of it; at least `left /`
 /// [`LEFT_PER_CREATION`] and `floor`.
 pub(crate) fn next_pass_length(length: usize, left: usize, ghosts: &Ghosts, floor: usize) -> usize {
     let (watched, returned) = ghosts.end_pass();
     let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
-        length.saturating_mul(2)
+        length.saturating_mul(GROWTH)
     } else {
         length - length / 4
     };
@@ -345,8 +355,8 @@ impl Occupancy {
     }
 
     /// The creations the next pass is spread over, at the end of a pass
-    /// that left `left` buckets (the caller holds `sweeping`): twice this
-    /// pass's length while a good share of the new buckets are for keys
+    /// that left `left` buckets (the caller holds `sweeping`): four times
+    /// this pass's length while a good share of the new buckets are for keys
     /// the sweep evicted recently (its passes are then too short for them:
     /// evicting them only made them again), else three quarters of it; and
     /// at least a quarter of `left` and [`MIN_SWEEP_INTERVAL`].
