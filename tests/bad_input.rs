@@ -191,7 +191,8 @@ fn uncached<K: std::hash::Hash + Eq + 'static>(
 
 /// A call for a new key that panics before its bucket is stored (its
 /// `Clone`) gives its place under the cap back, on both stores and for a
-/// handle: another new key gets in, and the cap still holds.
+/// handle: another new key gets in, and the cap still holds. Nor does it
+/// count a bucket created.
 #[test]
 fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
     for store in [keyrate::Store::Sharded, keyrate::Store::DashMap] {
@@ -212,10 +213,12 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
             );
         }
         assert_eq!(limiter.len(), 0, "{store:?}");
+        assert_eq!(limiter.stats().buckets_created, 0, "{store:?}");
         assert!(
             limiter.allow(&Touchy("ok"), 0.0),
             "{store:?}: the place was lost"
         );
+        assert_eq!(limiter.stats().buckets_created, 1, "{store:?}");
         assert!(
             matches!(
                 limiter.check(&Touchy("other"), 0.0, 1),
@@ -224,6 +227,45 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
             "{store:?}: the cap holds"
         );
     }
+}
+
+/// The concurrency limiter, likewise: a new key whose `Clone` panics, by
+/// a try or by a wait, leaves its place under the cap and counts no key
+/// created.
+#[test]
+fn a_new_key_whose_copy_panics_leaves_the_concurrency_limiters_place() {
+    let limiter =
+        keyrate::ConcurrencyLimiter::<Touchy, _>::try_with_hasher(1, std::hash::RandomState::new())
+            .unwrap()
+            .with_max_keys(1);
+    for _ in 0..3 {
+        let tried = std::panic::AssertUnwindSafe(|| limiter.try_acquire(&Touchy("boom")).is_ok());
+        let waited = std::panic::AssertUnwindSafe(|| {
+            limiter
+                .acquire_blocking(&Touchy("boom"), std::time::Duration::ZERO)
+                .is_ok()
+        });
+        assert!(
+            std::panic::catch_unwind(tried).is_err(),
+            "the clone panicked"
+        );
+        assert!(
+            std::panic::catch_unwind(waited).is_err(),
+            "the clone panicked"
+        );
+    }
+    assert_eq!(limiter.len(), 0);
+    assert_eq!(limiter.stats().keys_created, 0);
+    let permit = limiter.try_acquire(&Touchy("ok"));
+    assert!(permit.is_ok(), "the place was lost");
+    assert_eq!(limiter.stats().keys_created, 1);
+    assert!(
+        matches!(
+            limiter.try_acquire(&Touchy("other")),
+            Err(keyrate::ConcurrencyDenial::LimiterFull { .. })
+        ),
+        "the cap holds"
+    );
 }
 
 /// A key whose drop panics when the automatic sweep evicts it does not

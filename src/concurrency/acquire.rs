@@ -139,7 +139,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
                 self.new_slot()
             },
             |slot| taken(slot, slot.try_take(max)),
-            || self.sweeper.release(1),
+            || self.creation_undone(),
         );
         if tried {
             // Outside the shard lock: a sweep step takes shards' write
@@ -174,7 +174,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
                 self.new_slot()
             },
             |slot| Arc::clone(slot),
-            || self.sweeper.release(1),
+            || self.creation_undone(),
         );
         let slot = slot.ok_or(ConcurrencyDenial::LimiterFull {
             max_keys: self.sweeper.max_keys,
@@ -187,6 +187,16 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> ConcurrencyLimiter<K, S> {
     pub(super) fn pace(&self) {
         let removed = self.sweeper.pace(&self.slots);
         self.counters.removed(removed);
+    }
+
+    /// Takes back a creation [`new_slot`](Self::new_slot) counted whose
+    /// entry never made it into the map (the key's `Clone` or `Hash`
+    /// panicked while it was inserted): its place under the cap, and its
+    /// count in `keys_created`.
+    #[cold]
+    fn creation_undone(&self) {
+        self.sweeper.release(1);
+        self.counters.uncreated();
     }
 
     /// A new slot for a key absent from the map (the caller holds its

@@ -117,6 +117,13 @@ impl Counters {
         self.outcomes.add(CREATED, 1);
     }
 
+    /// Takes back one [`created`](Self::created) whose entry was never
+    /// inserted.
+    pub(super) fn uncreated(&self) {
+        // The counters wrap: adding 2^64 - 1 takes one back.
+        self.outcomes.add(CREATED, 1u64.wrapping_neg());
+    }
+
     /// Counts `n` entries removed.
     pub(super) fn removed(&self, n: usize) {
         if n > 0 {

@@ -115,7 +115,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             key,
             init,
             |bucket| self.move_to_arc(key, bucket),
-            || occupancy.release(1),
+            || self.creation_undone(),
         );
         let Some(Moved { bucket, pin }) = moved else {
             return Err(Denial::LimiterFull {

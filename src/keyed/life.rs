@@ -52,6 +52,19 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         })
     }
 
+    /// Takes back a creation [`new_bucket`](Self::new_bucket) counted
+    /// whose entry never made it into the map (the key's `Clone` or `Hash`
+    /// panicked while it was inserted): its place under the cap, and its
+    /// count in `buckets_created`.
+    #[cold]
+    pub(super) fn creation_undone(&self) {
+        self.occupancy.release(1);
+        // The counters wrap: adding 2^64 - 1 takes one back.
+        self.observer
+            .counters
+            .add(Cell::Created, 1u64.wrapping_neg());
+    }
+
     /// Caches `key`'s bucket in the calling thread's hot-key cache, moving
     /// it to an `Arc` first if it is still inline (`hash` is the key's). Does
     /// nothing if the key has no bucket any more.

@@ -91,7 +91,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 created = bucket.is_some();
                 bucket
             },
-            || self.occupancy.release(1),
+            || self.creation_undone(),
         );
         let decided = match spent {
             Some(Ok(word)) => Ok(word),
@@ -216,7 +216,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             call.key,
             || self.new_bucket(call.hash),
             |bucket| bucket.spend_locked(call.now, call.cost, call.quota),
-            || occupancy.release(1),
+            || self.creation_undone(),
         );
         result.unwrap_or(Err(SpendError::Denied(Denial::LimiterFull {
             max_buckets: occupancy.max_buckets,
