@@ -43,11 +43,20 @@ impl Scopes {
     }
 
     /// A limiter where "g" has spent 2 and "k" nothing, both cells cached
-    /// in the calling thread when `cache` is on: the call on "g" alone and
-    /// a denied call of both (cost 2) promote "g", a second promotes "k".
+    /// in the calling thread when `cache` is on: two calls on "g" alone
+    /// (the second, of cost 0, promotes it), then two denied calls of both
+    /// (cost 2), the second of which promotes "k".
+    ///
+    /// "g"'s cell is made first, so that it comes first in the global lock
+    /// order (cells are ordered as they are made, under loom): then the
+    /// admission holds "g" locked while "k" is still unlocked, and loom
+    /// finds the broken twin's torn snapshot (it reads "k" before the
+    /// admission, waits on "g", and reads it after). With "k" first, no
+    /// schedule within the preemption bound showed the twin's torn read.
     fn limiter(&self, cache: bool) -> Limiter {
         let limiter = Limiter::with_hasher(BuildHasherDefault::default()).with_hot_key_cache(cache);
         assert!(limiter.check("g", &self.g, NOW, 2).is_ok());
+        assert!(limiter.check("g", &self.g, NOW, 0).is_ok());
         for _ in 0..2 {
             assert!(limiter.check_scopes(&self.both(), NOW, 2).is_err());
         }

@@ -448,6 +448,54 @@ fn threads_charging_overlapping_scopes() {
     }
 }
 
+/// Threads charging one key alone and together with another, at one
+/// instant, with and without the hot-key cache: the keys' cells start
+/// inline in their map entries and move behind an `Arc` when a call of
+/// both scopes (or the cache) first needs them there, while other threads
+/// charge them alone. Every admitted token is still missing afterwards,
+/// on each key, to the token: the move loses no spend and doubles none.
+#[test]
+fn threads_charging_one_scope_and_two_while_cells_move() {
+    const THREADS: u64 = 4;
+    const CALLS: u64 = 3_000;
+    let ms = 1_000_000;
+    let policy = Policy::new([quota(ms, 5_000), quota(10 * ms, 7_000)]).unwrap();
+    for cache in [true, false] {
+        let limiter = CompoundLimiter::new().with_hot_key_cache(cache);
+        let at = Duration::from_nanos(T0);
+        let (alone, both) = (AtomicU64::new(0), AtomicU64::new(0));
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (limiter, policy, alone, both) = (&limiter, &policy, &alone, &both);
+                s.spawn(move || {
+                    for i in 0..CALLS {
+                        // Thread t starts with calls of "a" alone for t
+                        // hundred calls, then alternates.
+                        if i < t * 100 || i % 2 == 0 {
+                            if limiter.check("a", policy, at, 1).is_ok() {
+                                alone.fetch_add(1, Ordering::Relaxed);
+                            }
+                        } else if limiter
+                            .check_scopes(&[("a", policy), ("b", policy)], at, 1)
+                            .is_ok()
+                        {
+                            both.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let (alone, both) = (alone.into_inner(), both.into_inner());
+        assert_eq!(
+            alone + both,
+            5_000,
+            "cache {cache}: \"a\" spent out, no more"
+        );
+        assert_eq!(limiter.remaining("a", &policy, at), Ok(0));
+        assert_eq!(limiter.remaining("b", &policy, at), Ok(5_000 - both));
+    }
+}
+
 /// A limiter with the hot-key cache and one without, both sweeping only
 /// when told to (so that their sizes and sweeps can be compared).
 fn cached_and_plain() -> (CompoundLimiter, CompoundLimiter) {

@@ -4,9 +4,10 @@
 //! in one global order, then writes all or nothing.
 
 use super::cell::{Cell, Locked, Retired, SNAPSHOT_CELLS};
-use super::decide;
+use super::decide::{self, Words};
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
+use super::store::{padded, INLINE_WORDS};
 #[cfg(loom)]
 use crate::sync::Arc;
 use crate::time::Nanos;
@@ -19,10 +20,9 @@ pub(super) const INLINE_SCOPES: usize = 8;
 /// the call could lock it, and the call must look its keys up again.
 pub(super) type Charged = Result<Result<CompoundDecision, CompoundDenial>, Retired>;
 
-/// Charges one scope's cell, locked: all of its quotas or none. Each
-/// quota's word is decided once: the words `decide` returns are kept
-/// only if every quota admits (the same words [`decide::apply`] writes
-/// after [`decide::verdict`]); a denial is then described by `verdict`.
+/// Charges one scope's cell, locked: all of its quotas or none (see
+/// [`charge_words`]); the words are stored back only if the call was
+/// admitted.
 #[inline]
 pub(super) fn charge_locked(
     locked: &mut Locked<'_>,
@@ -30,22 +30,53 @@ pub(super) fn charge_locked(
     now: Nanos,
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
-    let mut next = locked.words;
+    let decided = charge_words(&mut locked.words, policy, now, cost);
+    if decided.is_ok() {
+        locked.commit();
+    }
+    decided
+}
+
+/// Charges one scope's words that the caller holds alone (locked, or
+/// inline in its map entry under the shard's lock): all of its quotas or
+/// none. Each quota's word is decided once: the words `decide` returns
+/// are kept only if every quota admits (the same words [`decide::apply`]
+/// writes after [`decide::verdict`]); a denial, which leaves `words` as
+/// they were, is then described by `verdict`.
+#[inline]
+pub(super) fn charge_words(
+    words: &mut Words,
+    policy: &crate::Policy,
+    now: Nanos,
+    cost: u64,
+) -> Result<CompoundDecision, CompoundDenial> {
+    let mut next = *words;
     for (word, q) in next.iter_mut().zip(policy.quotas()) {
         match crate::gcra::decide(*word, now, cost, q) {
             Ok(spent) => *word = spent,
             Err(_) => {
-                decide::verdict(std::iter::once((0, &locked.words, policy)), now, cost)?;
+                decide::verdict(std::iter::once((0, &*words, policy)), now, cost)?;
                 unreachable!("a quota that denies makes the verdict a denial");
             }
         }
     }
-    locked.words = next;
-    locked.commit();
-    Ok(decide::summary(
-        std::iter::once((0, &locked.words, policy)),
-        now,
-    ))
+    *words = next;
+    Ok(decide::summary(std::iter::once((0, &*words, policy)), now))
+}
+
+/// Charges one scope's words inline in its map entry (under the shard's
+/// lock): as [`charge_words`], on the entry's words.
+#[inline]
+pub(super) fn charge_inline(
+    inline: &mut [Nanos; INLINE_WORDS],
+    policy: &crate::Policy,
+    now: Nanos,
+    cost: u64,
+) -> Result<CompoundDecision, CompoundDenial> {
+    let mut words = padded(inline);
+    let decided = charge_words(&mut words, policy, now, cost);
+    inline.copy_from_slice(&words[..INLINE_WORDS]);
+    decided
 }
 
 /// Charges one scope's cell (held outside the map: a thread's cache). A

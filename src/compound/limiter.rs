@@ -246,10 +246,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .into()
             .nanos(&*self.clock)
             .ok_or(CompoundDenial::InvalidTimestamp)?;
-        let words = match self.store.get(key) {
-            Some(cell) => cell.words_now(),
-            None => [Nanos::ZERO; MAX_QUOTAS],
-        };
+        let words = self.store.words(key).unwrap_or([Nanos::ZERO; MAX_QUOTAS]);
         Ok(decide::least_remaining(&words, policy, now))
     }
 
@@ -283,7 +280,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.store.words(key)
+        self.store.words_u64(key)
     }
 
     /// Whether this thread caches `key`'s cell (for the loom models).

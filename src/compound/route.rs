@@ -5,11 +5,12 @@
 use super::cell::Cell;
 #[cfg(loom)]
 use super::charge::charge_check_then_spend;
-use super::charge::{charge, charge_cached, charge_locked, charge_read_first};
+use super::charge::{charge, charge_cached, charge_inline, charge_locked, charge_read_first};
 use super::charge::{Charged, INLINE_SCOPES};
 use super::hot::Probe;
 use super::limiter::CompoundLimiter;
 use super::outcome::{CompoundDecision, CompoundDenial};
+use super::store::InMap;
 use crate::sync::Arc;
 use crate::time::Nanos;
 use std::borrow::Borrow;
@@ -19,8 +20,10 @@ use std::hash::{BuildHasher, Hash};
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// One scope: through this thread's cache of hot cells if the key is
     /// there (a denial then reads the cell and writes nothing), else under
-    /// its shard's lock and its cell's, in that order (the store's one lock
-    /// order), with no `Arc` taken unless the key is promoted.
+    /// its shard's lock: on the words inline in its entry, or, for a cell
+    /// behind an `Arc`, under the cell's lock too (the store's one lock
+    /// order), with no `Arc` taken unless the key is promoted (its words
+    /// then move behind one).
     pub(super) fn charge_one<Q>(
         &self,
         key: &Q,
@@ -45,14 +48,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             Probe::Hit(decided) => return decided,
             Probe::Miss { promote } => promote,
         };
-        let charge = |cell: &Arc<Cell>| {
-            // In the map, under its shard's lock: never retired.
-            let mut locked = cell.lock().expect("a cell in the map is not retired");
-            let decided = charge_locked(&mut locked, policy, now, cost);
-            drop(locked);
-            (decided, promote.then(|| Arc::clone(cell)))
+        let charge = |slot: InMap<'_>| match slot {
+            InMap::Inline(words) => (charge_inline(words, policy, now, cost), None),
+            InMap::Shared(cell) => {
+                // In the map, under its shard's lock: never retired.
+                let mut locked = cell.lock().expect("a cell in the map is not retired");
+                let decided = charge_locked(&mut locked, policy, now, cost);
+                drop(locked);
+                (decided, promote.then(|| Arc::clone(cell)))
+            }
         };
-        let (decided, promoted) = self.in_map(hash, key, len, now, &[], charge)?;
+        let (decided, promoted) = self.in_map(hash, key, len, promote, now, &[], charge)?;
         if let Some(cell) = promoted {
             self.hot.insert(hash, key.to_owned(), cell);
         }
@@ -139,7 +145,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
             // The cells taken so far are spared if room must be made.
             let len = policy.quotas().len();
-            cells[i] = Some(self.in_map(hash, key, len, now, &cells[..i], Arc::clone)?);
+            let cell = self.in_map(hash, key, len, true, now, &cells[..i], |slot| slot.shared())?;
+            cells[i] = Some(cell.expect("a cell asked for shared is shared"));
         }
         #[cfg(loom)]
         if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
@@ -149,30 +156,33 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     }
 
     /// `f` on the key's cell of at least `len` words in the map (its hash
-    /// is `hash`), made if new, under its shard's lock; at the cap, after
-    /// the store tried to make room at `now` (one shard's sweep, and one
-    /// more for each cell in `held`, the cells the call holds already,
-    /// which stay), and [`CompoundDenial::LimiterFull`] if it made none.
+    /// is `hash`; behind an `Arc` if `share`), made if new, under its
+    /// shard's lock; at the cap, after the store tried to make room at
+    /// `now` (one shard's sweep, and one more for each cell in `held`, the
+    /// cells the call holds already, which stay), and
+    /// [`CompoundDenial::LimiterFull`] if it made none.
+    #[allow(clippy::too_many_arguments)]
     fn in_map<Q, T>(
         &self,
         hash: u64,
         key: &Q,
         len: usize,
+        share: bool,
         now: Nanos,
         held: &[Option<Arc<Cell>>],
-        f: impl Fn(&Arc<Cell>) -> T,
+        f: impl Fn(InMap<'_>) -> T,
     ) -> Result<T, CompoundDenial>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         self.store
-            .with_cell(hash, key, len, &f)
+            .with_cell(hash, key, len, share, &f)
             .or_else(|full| {
                 if !self.store.make_room(now, held) {
                     return Err(full);
                 }
-                self.store.with_cell(hash, key, len, &f)
+                self.store.with_cell(hash, key, len, share, &f)
             })
             .map_err(|_| CompoundDenial::LimiterFull {
                 max_keys: self.store.max_keys(),

@@ -1,34 +1,51 @@
-//! The compound limiter's keyed store: each key's compound bucket behind
-//! an `Arc`, in shards of plain hash maps, each behind a small lock.
+//! The compound limiter's keyed store: each key's compound bucket in
+//! shards of plain hash maps, each behind a small lock; its words inline
+//! in the key's entry, or in a cell behind an `Arc`.
 //!
-//! Not `crate::store::Map`: that map keeps one bucket word inline per
-//! entry and retires evicted words with a marker that spends check; a
-//! compound bucket is several words under a lock, and the simplest exact
-//! eviction rule for it is the one below, which needs the `Arc` itself.
+//! Not `crate::store::Map`: that map keeps one bucket word per entry and
+//! retires evicted words with a marker that spends check; a compound
+//! bucket is several words decided together, and the simplest exact
+//! eviction rule for it is the one below.
+//!
+//! # Inline and shared cells
+//!
+//! A key whose policies have at most [`INLINE_WORDS`] quotas keeps its
+//! words in its map entry ([`Slot::Inline`]): they are read and written
+//! only under the shard's lock, so a call through the map decides on
+//! them with no other lock, no allocation, and no memory read beyond the
+//! entry and its key. A key needs its words where other calls can reach
+//! them without the shard's lock when a thread caches it (`hot.rs`), when
+//! a call of several scopes charges it (it locks its keys' cells, not
+//! their shards), or when a policy has more quotas than fit: its words
+//! then move, under the shard's lock, into a cell behind an `Arc`
+//! ([`Slot::Shared`]), for good. Nothing held an inline cell's words, so
+//! the move loses no spend.
 //!
 //! # Eviction
 //!
-//! The sweep, under a shard's lock, locks each of its cells and, when
-//! every word is full, marks the cell retired and removes it, in that one
-//! step. A call that holds the cell (a thread's cache of hot cells, or a
-//! call of several scopes that cloned its `Arc` from the map) then finds
-//! it retired when it locks or reads it, spends nothing on it, and goes
-//! back to the map, where a missing bucket is a full one: so no spend can
-//! land on a removed bucket, and a full bucket dropped is the same as a
-//! new one. A retired cell lives on only in the caches that still hold
-//! it, a few per thread (see `hot.rs`). Lock order: a shard's lock, then a
+//! The sweep, under a shard's lock, removes each inline cell whose words
+//! are all full, and locks each shared cell and, when every word is
+//! full, marks it retired and removes it, in that one step. A call that
+//! holds a shared cell (a thread's cache of hot cells, or a call of
+//! several scopes that cloned its `Arc` from the map) then finds it
+//! retired when it locks or reads it, spends nothing on it, and goes back
+//! to the map, where a missing bucket is a full one: so no spend can land
+//! on a removed bucket, and a full bucket dropped is the same as a new
+//! one. A retired cell lives on only in the caches that still hold it, a
+//! few per thread (see `hot.rs`). Lock order: a shard's lock, then a
 //! cell's, never the other way (a call of one key holds both while it
-//! decides through the map; a call of several holds cell locks only).
+//! decides through the map on a shared cell; a call of several holds
+//! cell locks only).
 //!
-//! A cell holds as many words as the policy that made it has quotas; a
-//! call whose policy has more finds it too short, and the map replaces it
-//! (under the shard's lock) by a longer copy, retiring the old one.
+//! A shared cell holds as many words as the policy that made it has
+//! quotas (at least [`INLINE_WORDS`] if it was inline); a call whose
+//! policy has more finds it too short, and the map replaces it (under
+//! the shard's lock) by a longer copy, retiring the old one.
 //!
 //! Eviction, the automatic sweep and room at the cap: `evict`.
 
 use super::cell::Cell;
-use super::decide;
-#[cfg(loom)]
+use super::decide::{self, Words};
 use super::policy::MAX_QUOTAS;
 use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
@@ -49,7 +66,7 @@ const SHARDS: usize = 1;
 /// table, not a map, so that a call hashes its key once, for its shard,
 /// its place here and a thread's cache).
 struct Shard<K> {
-    map: Lock<HashTable<(K, Arc<Cell>)>>,
+    map: Lock<HashTable<(K, Slot)>>,
     /// No cell of `map` is full before this instant (`Nanos` as `u64`;
     /// `u64::MAX` while the shard is empty). Written under `map`'s lock,
     /// read without it by [`Store::make_room`], for which it is a hint:
@@ -137,22 +154,30 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         &self.shards[((hash >> 32) as usize) % SHARDS]
     }
 
-    /// The key's cell, if it has one.
-    pub(crate) fn get<Q>(&self, key: &Q) -> Option<Arc<Cell>>
+    /// The words of the key's bucket at one instant, if it has one (past
+    /// its cell's, 0: full). Read under the shard's lock (and, for a
+    /// shared cell, by a read of it or under its lock: the one lock
+    /// order).
+    pub(crate) fn words<Q>(&self, key: &Q) -> Option<Words>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.hash(key);
-        let shard = self.shard(hash).map.lock();
-        let entry = shard.find(hash, |(k, _)| k.borrow() == key)?;
-        Some(Arc::clone(&entry.1))
+        let map = self.shard(hash).map.lock();
+        let (_, slot) = map.find(hash, |(k, _)| k.borrow() == key)?;
+        Some(match slot {
+            Slot::Inline(words) => padded(words),
+            Slot::Shared(cell) => cell.words_now(),
+        })
     }
 
     /// Runs `f` on the key's cell of at least `len` words (whose hash is
     /// `hash`), made full or lengthened if need be (unless the map holds
     /// `max_keys` entries), under its shard's lock: no sweep can retire
-    /// the cell meanwhile. `f` may lock the cell (the one lock order: a
+    /// the cell meanwhile. The cell is inline in its entry when it fits
+    /// and `share` is false; else behind an `Arc` (moved there now if it
+    /// was inline), which `f` may clone and lock (the one lock order: a
     /// call of several keys holds cell locks only, and takes no shard
     /// lock meanwhile).
     pub(crate) fn with_cell<Q, T>(
@@ -160,7 +185,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         hash: u64,
         key: &Q,
         len: usize,
-        f: impl FnOnce(&Arc<Cell>) -> T,
+        share: bool,
+        f: impl FnOnce(InMap<'_>) -> T,
     ) -> Result<T, Full>
     where
         K: Borrow<Q>,
@@ -168,30 +194,35 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     {
         let shard = self.shard(hash);
         let mut map = shard.map.lock();
-        if let Some((_, cell)) = map.find_mut(hash, |(k, _)| k.borrow() == key) {
-            if cell.len() < len {
-                *cell = lengthened(cell, len);
-            }
-            return Ok(f(cell));
+        if let Some((_, slot)) = map.find_mut(hash, |(k, _)| k.borrow() == key) {
+            return Ok(f(slot.in_map(len, share)));
         }
         let place = self.reserve()?;
         if self.auto_sweep {
             self.ghosts.created(hash);
         }
-        let cell = Cell::new(len);
-        let result = f(&cell);
-        // The new cell is not shared yet: its read sees what `f` wrote.
-        // Relaxed: a hint (see `Shard::full_from`), written under the lock.
-        let full_at = cell
-            .read()
-            .ok()
-            .flatten()
-            .map_or(Nanos::ZERO, |w| decide::full_at(&w));
+        let mut slot = if share || len > INLINE_WORDS {
+            Slot::Shared(Cell::new(len))
+        } else {
+            Slot::Inline([Nanos::ZERO; INLINE_WORDS])
+        };
+        let result = f(slot.in_map(len, share));
+        // The new slot is not in the map yet: a shared cell's read sees
+        // what `f` wrote. Relaxed: a hint (see `Shard::full_from`),
+        // written under the lock.
+        let full_at = match &slot {
+            Slot::Inline(words) => decide::full_at(&padded(words)),
+            Slot::Shared(cell) => cell
+                .read()
+                .ok()
+                .flatten()
+                .map_or(Nanos::ZERO, |w| decide::full_at(&w)),
+        };
         shard
             .full_from
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
         let hasher = &self.hasher;
-        map.insert_unique(hash, (key.to_owned(), cell), |(k, _)| hasher.hash_one(k));
+        map.insert_unique(hash, (key.to_owned(), slot), |(k, _)| hasher.hash_one(k));
         place.defuse();
         Ok(result)
     }
@@ -218,16 +249,98 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         }))
     }
 
-    /// The words of the key's cell, if it has one (for the loom models).
+    /// The words of the key's bucket, if it has one (for the loom models).
     #[cfg(loom)]
-    pub(crate) fn words<Q>(&self, key: &Q) -> Option<[u64; MAX_QUOTAS]>
+    pub(crate) fn words_u64<Q>(&self, key: &Q) -> Option<[u64; MAX_QUOTAS]>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.get(key)
-            .and_then(|cell| Some(cell.lock().ok()?.words.map(Nanos::as_u64)))
+        self.words(key).map(|words| words.map(Nanos::as_u64))
     }
+}
+
+/// Words a key's cell keeps in its map entry when its policy has at most
+/// this many quotas: the entry is then 16 bytes more than a single-quota
+/// limiter's, with no allocation, and a call through the map reads no
+/// memory beyond the entry and its key.
+pub(crate) const INLINE_WORDS: usize = 2;
+
+/// A key's cell in its map entry.
+pub(crate) enum Slot {
+    /// Its words in the entry, read and written only under the shard's
+    /// lock: no call holds them anywhere else.
+    Inline([Nanos; INLINE_WORDS]),
+    /// Behind an `Arc`: for a thread's cache of hot cells and for calls of
+    /// several scopes, which lock cells outside the map, and for policies
+    /// of more quotas than fit inline. Never inline again.
+    Shared(Arc<Cell>),
+}
+
+/// A key's cell as [`Store::with_cell`] hands it over, under its shard's
+/// lock.
+pub(crate) enum InMap<'a> {
+    /// The entry's own words (a cell of [`INLINE_WORDS`], whatever its
+    /// policy's length; the words past the policy's stay as they are).
+    Inline(&'a mut [Nanos; INLINE_WORDS]),
+    Shared(&'a Arc<Cell>),
+}
+
+impl InMap<'_> {
+    /// The cell's `Arc`, when [`Store::with_cell`] was asked to share it.
+    pub(crate) fn shared(self) -> Option<Arc<Cell>> {
+        match self {
+            InMap::Shared(cell) => Some(Arc::clone(cell)),
+            InMap::Inline(_) => None,
+        }
+    }
+}
+
+impl Slot {
+    /// The cell as a call of `len` words sees it: inline if it is and
+    /// that fits and `share` is false, else shared (moved to an `Arc`, or
+    /// lengthened, first if need be).
+    fn in_map(&mut self, len: usize, share: bool) -> InMap<'_> {
+        let inline = matches!(self, Slot::Inline(_)) && !share && len <= INLINE_WORDS;
+        if !inline {
+            return InMap::Shared(self.shared(len));
+        }
+        match self {
+            Slot::Inline(words) => InMap::Inline(words),
+            Slot::Shared(cell) => InMap::Shared(cell),
+        }
+    }
+
+    /// The cell behind an `Arc` of at least `len` words: an inline cell
+    /// moves there (no other call holds its words: they live under the
+    /// shard's lock, which the caller holds), a short one is lengthened.
+    fn shared(&mut self, len: usize) -> &Arc<Cell> {
+        if let Slot::Inline(words) = self {
+            let cell = Cell::new(len.max(INLINE_WORDS));
+            // Not shared yet: never retired.
+            if let Ok(mut locked) = cell.lock() {
+                locked.words = padded(words);
+                locked.commit();
+            }
+            *self = Slot::Shared(cell);
+        }
+        match self {
+            Slot::Shared(cell) => {
+                if cell.len() < len {
+                    *cell = lengthened(cell, len);
+                }
+                cell
+            }
+            Slot::Inline(_) => unreachable!("moved to an Arc above"),
+        }
+    }
+}
+
+/// Inline words as a whole cell's: the rest full.
+pub(crate) fn padded(words: &[Nanos; INLINE_WORDS]) -> Words {
+    let mut all = [Nanos::ZERO; MAX_QUOTAS];
+    all[..INLINE_WORDS].copy_from_slice(words);
+    all
 }
 
 /// A copy of `cell` of `len` words, the rest full; `cell` is retired

@@ -36,7 +36,7 @@
 //! flood of keys each called once keeps about three passes of new keys
 //! (3,072 at the floor), and keys that come back are kept.
 
-use super::{Store, SHARDS};
+use super::{padded, Slot, Store, SHARDS};
 use crate::compound::cell::{Cell, Retired};
 use crate::compound::decide;
 use crate::gcra;
@@ -185,28 +185,41 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let removed = Tally::new(|n| {
             self.len.fetch_sub(n, Ordering::Relaxed);
         });
-        map.retain(|(key, cell)| match cell.lock() {
-            Ok(mut locked) => {
-                let full_at = decide::full_at(&locked.words);
-                let spared = || spare.iter().flatten().any(|held| Arc::ptr_eq(held, cell));
-                let full = gcra::is_full(full_at, now) && !spared();
-                removed.add(full);
-                if full {
-                    locked.retire();
-                    if Ghosts::sampled(one_in) {
-                        ghosts.evicted(hasher.hash_one(key));
+        map.retain(|(key, slot)| {
+            let slot: &Slot = slot;
+            // An inline cell's words are the shard lock's; a shared cell
+            // is locked, so that it is retired in the same step as it
+            // leaves the map.
+            let (full_at, mut locked) = match slot {
+                Slot::Inline(words) => (decide::full_at(&padded(words)), None),
+                Slot::Shared(cell) => match cell.lock() {
+                    Ok(locked) => (decide::full_at(&locked.words), Some(locked)),
+                    // Cells in the map are never retired (both happen
+                    // under the shard's lock).
+                    Err(Retired) => {
+                        removed.add(true);
+                        return false;
                     }
-                } else {
-                    full_from = full_from.min(full_at.as_u64());
+                },
+            };
+            let spared = || match slot {
+                Slot::Shared(cell) => spare.iter().flatten().any(|held| Arc::ptr_eq(held, cell)),
+                // A call holds only shared cells.
+                Slot::Inline(_) => false,
+            };
+            let full = gcra::is_full(full_at, now) && !spared();
+            removed.add(full);
+            if full {
+                if let Some(locked) = &mut locked {
+                    locked.retire();
                 }
-                !full
+                if Ghosts::sampled(one_in) {
+                    ghosts.evicted(hasher.hash_one(key));
+                }
+            } else {
+                full_from = full_from.min(full_at.as_u64());
             }
-            // Cells in the map are never retired (both happen under
-            // the shard's lock).
-            Err(Retired) => {
-                removed.add(true);
-                false
-            }
+            !full
         });
         // Relaxed: a hint (see `Shard::full_from`), written under the lock.
         shard.full_from.store(full_from, unmodeled::Relaxed);
