@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::keys::{DropsBadly, Touchy};
+use common::keys::{panics, DropsBadly, Touchy};
 use common::model::{as_secs, outcome, Model, Outcome};
 use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
 use proptest::prelude::*;
@@ -201,16 +201,8 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
             .with_max_buckets(1)
             .with_auto_sweep(false);
         for _ in 0..3 {
-            let call = std::panic::AssertUnwindSafe(|| limiter.allow(&Touchy("boom"), 0.0));
-            let handle = std::panic::AssertUnwindSafe(|| limiter.try_bucket(&Touchy("boom")));
-            assert!(
-                std::panic::catch_unwind(call).is_err(),
-                "the clone panicked"
-            );
-            assert!(
-                std::panic::catch_unwind(handle).is_err(),
-                "the clone panicked"
-            );
+            assert!(panics(|| limiter.allow(&Touchy("boom"), 0.0)));
+            assert!(panics(|| limiter.try_bucket(&Touchy("boom"))));
         }
         assert_eq!(limiter.len(), 0, "{store:?}");
         assert_eq!(limiter.stats().buckets_created, 0, "{store:?}");
@@ -239,20 +231,10 @@ fn a_new_key_whose_copy_panics_leaves_the_concurrency_limiters_place() {
             .unwrap()
             .with_max_keys(1);
     for _ in 0..3 {
-        let tried = std::panic::AssertUnwindSafe(|| limiter.try_acquire(&Touchy("boom")).is_ok());
-        let waited = std::panic::AssertUnwindSafe(|| {
-            limiter
-                .acquire_blocking(&Touchy("boom"), std::time::Duration::ZERO)
-                .is_ok()
-        });
-        assert!(
-            std::panic::catch_unwind(tried).is_err(),
-            "the clone panicked"
-        );
-        assert!(
-            std::panic::catch_unwind(waited).is_err(),
-            "the clone panicked"
-        );
+        assert!(panics(|| limiter.try_acquire(&Touchy("boom"))));
+        assert!(panics(|| {
+            limiter.acquire_blocking(&Touchy("boom"), std::time::Duration::ZERO)
+        }));
     }
     assert_eq!(limiter.len(), 0);
     assert_eq!(limiter.stats().keys_created, 0);
@@ -307,11 +289,7 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
         .with_auto_sweep(false);
     assert!(limiter.allow(&DropsBadly::boom(0), 0.0));
     // Full again at 1 s: the sweep removes it, and its copy's drop panics.
-    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep(10.0));
-    assert!(
-        std::panic::catch_unwind(sweep).is_err(),
-        "the drop panicked"
-    );
+    assert!(panics(|| limiter.sweep(10.0)), "the drop panicked");
     assert_eq!(limiter.len(), 0);
     assert!(
         limiter.allow(&DropsBadly::new(1), 10.0),

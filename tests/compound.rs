@@ -6,7 +6,7 @@
 mod common;
 mod compound_model;
 
-use common::keys::{DropsBadly, Touchy};
+use common::keys::{panics, DropsBadly, Touchy};
 use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
 use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
@@ -281,7 +281,12 @@ fn at_the_cap_a_call_of_two_new_keys_does_not_remove_its_own_buckets() {
         .recv_timeout(Duration::from_secs(120))
         .expect("the call of two new keys never returned");
     assert_eq!(outcome, Ok(()));
-    assert_eq!(limiter.len(), 3);
+    // Each key made room by sweeping one shard of full buckets ("a" and
+    // "b" spared): one of x, y and z stays, or none when two of them
+    // share the shard swept for "b" (the hasher is seeded at random, so
+    // about one run in 40; asserting 3 here failed that often).
+    let len = limiter.len();
+    assert!((2..=3).contains(&len), "{len} keys held");
     let policy = Policy::from(quota(sec, 2));
     for key in ["a", "b"] {
         assert_eq!(limiter.remaining(key, &policy, 5.0), Ok(1), "{key} spent");
@@ -651,11 +656,7 @@ fn a_new_key_whose_copy_panics_leaves_its_place_under_the_cap() {
     let limiter = capped_keys::<Touchy>(1);
     let plan = policy(&[(1_000_000_000, 5)]);
     for _ in 0..3 {
-        let call = std::panic::AssertUnwindSafe(|| limiter.check(&Touchy("boom"), &plan, 0.0, 1));
-        assert!(
-            std::panic::catch_unwind(call).is_err(),
-            "the clone panicked"
-        );
+        assert!(panics(|| limiter.check(&Touchy("boom"), &plan, 0.0, 1)));
     }
     assert_eq!(limiter.len(), 0);
     let admitted = limiter.check(&Touchy("ok"), &plan, 0.0, 1);
@@ -680,11 +681,7 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
     assert!(limiter.check(&first, &plan, 0.0, 1).is_ok());
     assert_eq!(limiter.len(), 1);
     // Full again at 1 s: the sweep removes it, and its copy's drop panics.
-    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep(10.0));
-    assert!(
-        std::panic::catch_unwind(sweep).is_err(),
-        "the drop panicked"
-    );
+    assert!(panics(|| limiter.sweep(10.0)), "the drop panicked");
     assert_eq!(limiter.len(), 0, "the removed key's place was kept");
     let next = DropsBadly::new(1);
     let admitted = limiter.check(&next, &plan, 10.0, 1);

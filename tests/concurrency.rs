@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::keys::DropsBadly;
+use common::keys::{panics, DropsBadly};
 use keyrate::{ConcurrencyDenial, ConcurrencyLimiter, ConfigError, Permit};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
@@ -285,11 +285,7 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
             .with_max_keys(1);
     drop(limiter.try_acquire(&DropsBadly::boom(0)).unwrap());
     assert_eq!(limiter.len(), 1);
-    let sweep = std::panic::AssertUnwindSafe(|| limiter.sweep());
-    assert!(
-        std::panic::catch_unwind(sweep).is_err(),
-        "the drop panicked"
-    );
+    assert!(panics(|| limiter.sweep()), "the drop panicked");
     assert_eq!(limiter.len(), 0);
     let next = limiter.try_acquire(&DropsBadly::new(1));
     assert!(next.is_ok(), "the removed key's place was kept: {next:?}");

@@ -1,5 +1,7 @@
-//! One key's compound bucket: as many words as its policy has quotas,
-//! behind a sequence lock that calls can read without writing anything.
+//! One key's compound bucket behind an `Arc`: as many words as its policy
+//! has quotas (at least `store::INLINE_WORDS` if it moved out of its map
+//! entry), behind a sequence lock that calls can read without writing
+//! anything.
 //!
 //! The state word is at once a write lock and a version. A write (an
 //! admission, a retirement) takes it by a compare-and-swap that sets

@@ -2,15 +2,18 @@
 //! per call, charged all or nothing ([`CompoundLimiter`]).
 //!
 //! Apart from the single-quota limiter on purpose: its one-word buckets
-//! and their lock-free paths are untouched. Here a key's bucket is a cell
-//! of 1 to [`MAX_QUOTAS`] words behind a sequence lock (`cell::Cell`). A
+//! and their lock-free paths are untouched. Here a key's bucket is 1 to
+//! [`MAX_QUOTAS`] words: inline in its map entry, under the shard's lock,
+//! for a key of at most two quotas called alone through the map
+//! (`store::Slot`), else a cell behind a sequence lock (`cell::Cell`). A
 //! thread that keeps calling one key caches its cell (`hot::HotCells`)
 //! and takes no shard lock; a call whose every scope's cell is cached
 //! decides on a lock-free read of them all at one instant, and a denial
-//! returns with nothing written. An admission, and a call through the
-//! map, takes the cells' locks in one global order (their addresses),
-//! decides every quota with [`gcra::decide`](crate::gcra), and writes
-//! every word or none. See `docs/compound.md`.
+//! returns with nothing written. An admission of cached cells, and a
+//! call of several scopes through the map, takes the cells' locks in one
+//! global order (their addresses), decides every quota with
+//! [`gcra::decide`](crate::gcra), and writes every word or none. See
+//! `docs/compound.md`.
 //!
 //! Files: `policy.rs` (the quotas of one key), `outcome.rs` (decisions
 //! and denials), `decide.rs` (the rule as pure arithmetic on words, shared

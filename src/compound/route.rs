@@ -22,8 +22,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// there (a denial then reads the cell and writes nothing), else under
     /// its shard's lock: on the words inline in its entry, or, for a cell
     /// behind an `Arc`, under the cell's lock too (the store's one lock
-    /// order), with no `Arc` taken unless the key is promoted (its words
-    /// then move behind one).
+    /// order), with no `Arc` taken unless the key is promoted (inline
+    /// words then move behind one).
     pub(super) fn charge_one<Q>(
         &self,
         key: &Q,

@@ -18,8 +18,12 @@
 //! a call of several scopes charges it (it locks its keys' cells, not
 //! their shards), or when a policy has more quotas than fit: its words
 //! then move, under the shard's lock, into a cell behind an `Arc`
-//! ([`Slot::Shared`]), for good. Nothing held an inline cell's words, so
-//! the move loses no spend.
+//! ([`Slot::Shared`]), for as long as that bucket lives. Nothing held an
+//! inline cell's words, so the move loses no spend.
+//!
+//! The entry is 48 bytes (a 24-byte `String` key and a 24-byte slot)
+//! where a single-quota limiter's is 32; a shared cell adds its own
+//! allocation (two counts, the state word, the words).
 //!
 //! # Eviction
 //!
@@ -175,9 +179,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// Runs `f` on the key's cell of at least `len` words (whose hash is
     /// `hash`), made full or lengthened if need be (unless the map holds
     /// `max_keys` entries), under its shard's lock: no sweep can retire
-    /// the cell meanwhile. The cell is inline in its entry when it fits
-    /// and `share` is false; else behind an `Arc` (moved there now if it
-    /// was inline), which `f` may clone and lock (the one lock order: a
+    /// the cell meanwhile. The cell is inline in its entry if it is (or is
+    /// new), `len` fits and `share` is false; else behind an `Arc` (moved
+    /// there now if it was inline), which `f` may clone and lock (the one
+    /// lock order: a
     /// call of several keys holds cell locks only, and takes no shard
     /// lock meanwhile).
     pub(crate) fn with_cell<Q, T>(
@@ -273,15 +278,17 @@ pub(crate) enum Slot {
     Inline([Nanos; INLINE_WORDS]),
     /// Behind an `Arc`: for a thread's cache of hot cells and for calls of
     /// several scopes, which lock cells outside the map, and for policies
-    /// of more quotas than fit inline. Never inline again.
+    /// of more quotas than fit inline. This bucket is never inline again
+    /// (once the sweep removes it, the key's next bucket starts inline).
     Shared(Arc<Cell>),
 }
 
 /// A key's cell as [`Store::with_cell`] hands it over, under its shard's
 /// lock.
 pub(crate) enum InMap<'a> {
-    /// The entry's own words (a cell of [`INLINE_WORDS`], whatever its
-    /// policy's length; the words past the policy's stay as they are).
+    /// The entry's own words, [`INLINE_WORDS`] of them, for a policy of
+    /// at most that many quotas (the words past the policy's stay as they
+    /// are).
     Inline(&'a mut [Nanos; INLINE_WORDS]),
     Shared(&'a Arc<Cell>),
 }

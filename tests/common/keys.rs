@@ -78,3 +78,9 @@ impl Drop for DropsBadly {
         }
     }
 }
+
+/// Whether `f` panics: the calls above unwind through the limiter, which
+/// must come out of it whole.
+pub fn panics<R>(f: impl FnOnce() -> R) -> bool {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err()
+}
