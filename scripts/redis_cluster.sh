@@ -9,8 +9,9 @@
 # served and every replica's link to its master is up, then prints the nodes
 # as a comma-separated list of URLs, the form KEYRATE_REDIS_CLUSTER_URLS
 # takes. Each node's bus port is its port + 10000. If `start` fails it stops
-# the nodes it started; it exits 75 when a node could not bind its port (the
-# caller may retry with another BASE_PORT), 1 on any other failure.
+# the nodes it started; it exits 75 when a node could not bind its port or
+# the nodes did not meet within 60 s (the caller may retry with another
+# BASE_PORT), 1 on any other failure.
 set -euo pipefail
 
 # Stops the redis-server whose pidfile is $1 and waits (up to 5 s, then
@@ -84,10 +85,19 @@ start() {
 
   local hosts=()
   for port in "${ports[@]}"; do hosts+=("127.0.0.1:$port"); done
-  redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 || {
-    cat "$dir/create.log" >&2
+  # `--cluster create` waits, with no deadline of its own, for the nodes to
+  # meet. On a loaded machine (two suites and a CI run at once, twelve
+  # nodes starting) a node's handshake can outlast the node timeout and
+  # is dropped, not retried, and the wait never ends: give it 60 s, then
+  # report 75 so that the caller starts a new cluster on other ports.
+  local rc=0
+  timeout 60 redis-cli --cluster create "${hosts[@]}" --cluster-replicas 1 --cluster-yes \
+    >"$dir/create.log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    tail -n 20 "$dir/create.log" >&2
+    [ "$rc" -eq 124 ] && fail 75 "$base" "the nodes did not meet within 60 s"
     fail 1 "$base" "redis-cli --cluster create failed"
-  }
+  fi
 
   # One deadline (~30 s) for the cluster to settle: every node sees
   # cluster_state:ok, and every replica's link to its master is up (else a

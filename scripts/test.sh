@@ -130,7 +130,7 @@ start_redis_servers() {
       urls=""
       stop_servers_in "$NEW_DIR"
       [ "$rc" -eq 75 ] || exit 1
-      echo "== a cluster port was taken; retrying with another base (attempt $attempt)"
+      echo "== the cluster did not start (a port taken, or its nodes did not meet); retrying with another base (attempt $attempt)"
     done
     [ -n "$urls" ] || { echo "could not start a Redis Cluster on free ports" >&2; exit 1; }
     export KEYRATE_REDIS_CLUSTER_URLS="$urls"
