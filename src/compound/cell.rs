@@ -76,6 +76,19 @@ impl Cell {
         }
     }
 
+    /// A cell of `len` words (1 to [`MAX_QUOTAS`]) holding the first `len`
+    /// of `words`: a bucket that moves into a new cell, out of its map
+    /// entry or into a longer one.
+    pub(crate) fn with_words(len: usize, words: Words) -> Arc<Cell> {
+        let cell = Cell::new(len);
+        // Not shared yet: never retired.
+        if let Ok(mut locked) = cell.lock() {
+            locked.words = words;
+            locked.commit();
+        }
+        cell
+    }
+
     /// How many words the cell holds.
     pub(crate) fn len(&self) -> usize {
         self.words.len()

@@ -170,10 +170,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let hash = self.hash(key);
         let map = self.shard(hash).map.lock();
         let (_, slot) = map.find(hash, |(k, _)| k.borrow() == key)?;
-        Some(match slot {
-            Slot::Inline(words) => padded(words),
-            Slot::Shared(cell) => cell.words_now(),
-        })
+        Some(slot.words_now())
     }
 
     /// Runs `f` on the key's cell of at least `len` words (whose hash is
@@ -215,14 +212,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // The new slot is not in the map yet: a shared cell's read sees
         // what `f` wrote. Relaxed: a hint (see `Shard::full_from`),
         // written under the lock.
-        let full_at = match &slot {
-            Slot::Inline(words) => decide::full_at(&padded(words)),
-            Slot::Shared(cell) => cell
-                .read()
-                .ok()
-                .flatten()
-                .map_or(Nanos::ZERO, |w| decide::full_at(&w)),
-        };
+        let full_at = decide::full_at(&slot.words_now());
         shard
             .full_from
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
@@ -304,6 +294,16 @@ impl InMap<'_> {
 }
 
 impl Slot {
+    /// The bucket's words at one instant (past its cell's, 0: full); the
+    /// caller holds the shard's lock (a shared cell is read, or locked if
+    /// writers keep it busy: the one lock order).
+    fn words_now(&self) -> Words {
+        match self {
+            Slot::Inline(words) => padded(words),
+            Slot::Shared(cell) => cell.words_now(),
+        }
+    }
+
     /// The cell as a call of `len` words sees it: inline if it is and
     /// that fits and `share` is false, else shared (moved to an `Arc`, or
     /// lengthened, first if need be).
@@ -323,13 +323,7 @@ impl Slot {
     /// shard's lock, which the caller holds), a short one is lengthened.
     fn shared(&mut self, len: usize) -> &Arc<Cell> {
         if let Slot::Inline(words) = self {
-            let cell = Cell::new(len.max(INLINE_WORDS));
-            // Not shared yet: never retired.
-            if let Ok(mut locked) = cell.lock() {
-                locked.words = padded(words);
-                locked.commit();
-            }
-            *self = Slot::Shared(cell);
+            *self = Slot::Shared(Cell::with_words(len.max(INLINE_WORDS), padded(words)));
         }
         match self {
             Slot::Shared(cell) => {
@@ -353,15 +347,14 @@ pub(crate) fn padded(words: &[Nanos; INLINE_WORDS]) -> Words {
 /// A copy of `cell` of `len` words, the rest full; `cell` is retired
 /// (its holders go back to the map, and find the copy).
 fn lengthened(cell: &Cell, len: usize) -> Arc<Cell> {
-    let longer = Cell::new(len);
-    // Neither can be retired: `cell` is in the map, under its shard's
-    // lock, and `longer` is new.
-    if let (Ok(mut old), Ok(mut new)) = (cell.lock(), longer.lock()) {
-        new.words = old.words;
-        new.commit();
-        old.retire();
+    // `cell` is in the map, under its shard's lock: never retired.
+    match cell.lock() {
+        Ok(mut old) => {
+            old.retire();
+            Cell::with_words(len, old.words)
+        }
+        Err(_) => Cell::new(len),
     }
-    longer
 }
 
 mod evict;

@@ -141,9 +141,9 @@ const PRESSURE_SAMPLED_FROM: usize = 32;
 /// The pacing rule of both automatic sweeps (this limiter's and the
 /// compound limiter's): the creations the next pass is spread over, after
 /// a pass of `length` that left `left` entries, ending the pass in
-/// `ghosts`. [`GROWTH`] times `length` while a good share of the new entries are for
-/// keys evicted recently, else three quarters of it; at least `left /`
-/// [`LEFT_PER_CREATION`] and `floor`.
+/// `ghosts`. [`GROWTH`] times `length` while a good share of the new
+/// entries are for keys evicted recently, else three quarters of it; at
+/// least `left /` [`LEFT_PER_CREATION`] and `floor`.
 pub(crate) fn next_pass_length(length: usize, left: usize, ghosts: &Ghosts, floor: usize) -> usize {
     let (watched, returned) = ghosts.end_pass();
     let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
@@ -355,11 +355,11 @@ impl Occupancy {
     }
 
     /// The creations the next pass is spread over, at the end of a pass
-    /// that left `left` buckets (the caller holds `sweeping`): four times
-    /// this pass's length while a good share of the new buckets are for keys
-    /// the sweep evicted recently (its passes are then too short for them:
-    /// evicting them only made them again), else three quarters of it; and
-    /// at least a quarter of `left` and [`MIN_SWEEP_INTERVAL`].
+    /// that left `left` buckets (the caller holds `sweeping`): [`GROWTH`]
+    /// times this pass's length while a good share of the new buckets are
+    /// for keys the sweep evicted recently (its passes are then too short
+    /// for them: evicting them only made them again), else three quarters
+    /// of it; and at least a quarter of `left` and [`MIN_SWEEP_INTERVAL`].
     ///
     /// Keys seen once never return, so under a stream of them passes
     /// shrink to the minimum and the map to three passes' worth; keys that
