@@ -4,10 +4,13 @@
 
 mod common;
 
-use common::keys::{panics, DropsBadly, Touchy};
+use common::keys::{panics, DropsBadly, HashesBadly, Touchy};
 use common::model::{as_secs, outcome, Model, Outcome};
+use common::sync::returns;
 use keyrate::{Denial, TokenBucketLimiter, MAX_TIMESTAMP_NANOS};
 use proptest::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
 
 const BAD_TIMESTAMPS: &[f64] = &[
     f64::NAN,
@@ -277,6 +280,38 @@ fn a_key_that_panics_on_eviction_does_not_stop_the_sweep() {
         "{} buckets: the sweep stopped",
         limiter.len()
     );
+}
+
+/// An automatic sweep that hashes a key as it evicts it (one eviction in
+/// 256, for its pacing) and unwinds there (the key's `Hash` panics)
+/// leaves that key's bucket live in the map, not retired there: once the
+/// key hashes again, every key gets its answer.
+#[test]
+fn a_key_whose_hash_panics_in_the_sweep_leaves_no_dead_bucket() {
+    const KEYS: u64 = 20_000;
+    let armed = Arc::new(AtomicBool::new(false));
+    let limiter = Arc::new(uncached::<HashesBadly>(1e9, 1));
+    let at = |id: u64| std::time::Duration::from_micros(id);
+    for id in 0..KEYS {
+        assert!(limiter.allow(&HashesBadly::new(id, &armed), at(id)));
+    }
+    // New keys, each full a nanosecond after its call, step the sweep
+    // over the keys above; the first eviction it samples panics (or a
+    // shard's growth, which hashes stored keys too).
+    armed.store(true, SeqCst);
+    let panicked = (KEYS..KEYS * 5)
+        .filter(|&id| panics(|| limiter.allow(&HashesBadly::new(id, &armed), at(id))))
+        .take(16)
+        .count();
+    assert!(panicked > 0, "no stored key was hashed");
+    armed.store(false, SeqCst);
+    let (caller, armed) = (Arc::clone(&limiter), Arc::clone(&armed));
+    let denied = returns(move || {
+        (0..KEYS * 5)
+            .filter(|&id| !caller.allow(&HashesBadly::new(id, &armed), at(KEYS * 5)))
+            .count()
+    });
+    assert_eq!(denied, 0, "full buckets denied a call");
 }
 
 /// A sweep by hand that unwinds (a key's drop panics on eviction) still

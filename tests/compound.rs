@@ -6,7 +6,8 @@
 mod common;
 mod compound_model;
 
-use common::keys::{panics, DropsBadly, Touchy};
+use common::keys::{panics, DropsBadly, HashesBadly, Touchy};
+use common::sync::returns;
 use compound_model::{call_strategy, changed, policy, policy_strategy, quota, Decided, Model, T0};
 use keyrate::{CompoundDecision, CompoundDenial, CompoundLimiter, ConfigError, Policy};
 use proptest::prelude::*;
@@ -270,16 +271,11 @@ fn at_the_cap_a_call_of_two_new_keys_does_not_remove_its_own_buckets() {
     for key in ["x", "y", "z"] {
         assert!(limiter.check(key, &policy, 0.0, 1).is_ok()); // full at 1 s
     }
-    // On a thread, so that a call that never returns fails the test.
-    let (done, outcome) = std::sync::mpsc::channel();
     let caller = std::sync::Arc::clone(&limiter);
-    std::thread::spawn(move || {
+    let outcome = returns(move || {
         let scopes = [("a", &policy), ("b", &policy)];
-        let _ = done.send(caller.check_scopes(&scopes, 5.0, 1).map(drop));
+        caller.check_scopes(&scopes, 5.0, 1).map(drop)
     });
-    let outcome = outcome
-        .recv_timeout(Duration::from_secs(120))
-        .expect("the call of two new keys never returned");
     assert_eq!(outcome, Ok(()));
     // Each key made room by sweeping one shard of full buckets ("a" and
     // "b" spared): one of x, y and z stays, or none when two of them
@@ -686,4 +682,41 @@ fn a_key_that_panics_on_eviction_leaves_its_place_under_the_cap() {
     let next = DropsBadly::new(1);
     let admitted = limiter.check(&next, &plan, 10.0, 1);
     assert!(admitted.is_ok(), "{admitted:?}");
+}
+
+/// A sweep that hashes a key as it evicts it (one eviction in 256, to
+/// pace the automatic sweep) and unwinds there (the key's `Hash` panics)
+/// leaves that key's cell live in the map, not retired there: once the
+/// key hashes again, every key gets its answer. Three quotas, so that
+/// every key's words live in a cell the sweep retires.
+#[test]
+fn a_key_whose_hash_panics_in_the_sweep_leaves_no_dead_cell() {
+    const KEYS: u64 = 20_000;
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let limiter = std::sync::Arc::new(
+        CompoundLimiter::with_hasher(std::hash::RandomState::new())
+            .with_auto_sweep(false)
+            .with_hot_key_cache(false),
+    );
+    let plan = policy(&[(1_000_000_000, 1), (1_000_000_000, 2), (1_000_000_000, 3)]);
+    for id in 0..KEYS {
+        assert!(limiter
+            .check(&HashesBadly::new(id, &armed), &plan, 0.0, 1)
+            .is_ok());
+    }
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Every bucket is full at 10 s: the sweep evicts them all, and the
+    // first one it samples panics (about 78 samples are due).
+    assert!(panics(|| limiter.sweep(10.0)), "no sampled key was hashed");
+    armed.store(false, std::sync::atomic::Ordering::SeqCst);
+    let (caller, armed) = (std::sync::Arc::clone(&limiter), armed.clone());
+    let denied = returns(move || {
+        (0..KEYS)
+            .filter(|&id| {
+                let key = HashesBadly::new(id, &armed);
+                caller.check(&key, &plan, 10.0, 1).is_err()
+            })
+            .count()
+    });
+    assert_eq!(denied, 0, "full buckets denied a call");
 }

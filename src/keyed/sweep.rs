@@ -76,10 +76,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let next = self
             .buckets
             .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
+                // Hashed before the bucket is retired: a key's `Hash` that
+                // panics leaves its bucket live in the map, not retired
+                // there (every later call on the key would find it dead).
+                let sampled = Ghosts::sampled(one_in).then(|| self.buckets.hash(key));
                 let evict = self.evict(key, bucket, step.full_at);
                 removed.add(evict);
-                if evict && Ghosts::sampled(one_in) {
-                    occupancy.ghosts.evicted(self.buckets.hash(key));
+                if let (true, Some(hash)) = (evict, sampled) {
+                    occupancy.ghosts.evicted(hash);
                 }
                 !evict
             });

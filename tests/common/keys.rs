@@ -84,3 +84,51 @@ impl Drop for DropsBadly {
 pub fn panics<R>(f: impl FnOnce() -> R) -> bool {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err()
 }
+
+/// A key whose copies made by `Clone` (the limiter's) panic when hashed
+/// while `armed` is set, as when a sweep hashes a key it evicts; the
+/// caller's own keys never do.
+#[derive(Debug)]
+pub struct HashesBadly {
+    pub id: u64,
+    stored: bool,
+    armed: Arc<AtomicBool>,
+}
+
+impl HashesBadly {
+    /// The caller's key `id`, whose copies panic when hashed once `armed`.
+    pub fn new(id: u64, armed: &Arc<AtomicBool>) -> Self {
+        HashesBadly {
+            id,
+            stored: false,
+            armed: Arc::clone(armed),
+        }
+    }
+}
+
+impl Clone for HashesBadly {
+    fn clone(&self) -> Self {
+        HashesBadly {
+            stored: true,
+            armed: Arc::clone(&self.armed),
+            ..*self
+        }
+    }
+}
+
+impl PartialEq for HashesBadly {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for HashesBadly {}
+
+impl std::hash::Hash for HashesBadly {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.stored && self.armed.load(SeqCst) {
+            panic!("this key's hash panics");
+        }
+        self.id.hash(state);
+    }
+}

@@ -208,13 +208,17 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 Slot::Inline(_) => false,
             };
             let full = gcra::is_full(full_at, now) && !spared();
-            removed.add(full);
             if full {
+                // Hashed before the cell is retired: a key's `Hash` that
+                // panics leaves its cell live and in the map, not retired
+                // there (every later call on the key would find it dead).
+                let sampled = Ghosts::sampled(one_in).then(|| hasher.hash_one(key));
+                removed.add(true);
                 if let Some(locked) = &mut locked {
                     locked.retire();
                 }
-                if Ghosts::sampled(one_in) {
-                    ghosts.evicted(hasher.hash_one(key));
+                if let Some(hash) = sampled {
+                    ghosts.evicted(hash);
                 }
             } else {
                 full_from = full_from.min(full_at.as_u64());
