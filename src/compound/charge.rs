@@ -4,10 +4,12 @@
 //! in one global order, then writes all or nothing.
 
 use super::cell::{Cell, Locked, Retired, SNAPSHOT_CELLS};
-use super::decide::{self, Words};
+use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
-use super::store::{padded, INLINE_WORDS};
+use super::store::InlineWords;
+#[cfg(doc)]
+use super::store::INLINE_WORDS;
 #[cfg(loom)]
 use crate::sync::Arc;
 use crate::time::Nanos;
@@ -44,8 +46,8 @@ pub(super) fn charge_locked(
 /// writes after [`decide::verdict`]); a denial, which leaves `words` as
 /// they were, is then described by `verdict`.
 #[inline]
-pub(super) fn charge_words(
-    words: &mut Words,
+pub(super) fn charge_words<const N: usize>(
+    words: &mut [Nanos; N],
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
@@ -65,17 +67,20 @@ pub(super) fn charge_words(
 }
 
 /// Charges one scope's words inline in its map entry (under the shard's
-/// lock): as [`charge_words`], on the entry's words.
+/// lock): as [`charge_words`], on the entry's words (a policy of at most
+/// [`INLINE_WORDS`] quotas).
 #[inline]
 pub(super) fn charge_inline(
-    inline: &mut [Nanos; INLINE_WORDS],
+    inline: &mut InlineWords,
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
-    let mut words = padded(inline);
+    let mut words = inline.get();
     let decided = charge_words(&mut words, policy, now, cost);
-    inline.copy_from_slice(&words[..INLINE_WORDS]);
+    if decided.is_ok() {
+        inline.set(words);
+    }
     decided
 }
 

@@ -41,8 +41,8 @@ pub(crate) fn check_costs<'a>(
 /// Whether every quota of every scope admits `cost` at `now`; if not, the
 /// denial with the latest wait (the first `(scope, quota)` on a tie).
 /// `scopes` yields `(scope index, words, policy)` in any order.
-pub(crate) fn verdict<'a>(
-    scopes: impl Iterator<Item = (usize, &'a Words, &'a Policy)>,
+pub(crate) fn verdict<'a, W: AsRef<[Nanos]> + ?Sized + 'a>(
+    scopes: impl Iterator<Item = (usize, &'a W, &'a Policy)>,
     now: Nanos,
     cost: u64,
 ) -> Result<(), CompoundDenial> {
@@ -50,7 +50,7 @@ pub(crate) fn verdict<'a>(
     // denial's `Duration` once, at the end).
     let mut latest: Option<(Nanos, usize, usize)> = None;
     for (scope, words, policy) in scopes {
-        for (quota, (q, &word)) in policy.quotas().iter().zip(words).enumerate() {
+        for (quota, (q, &word)) in policy.quotas().iter().zip(words.as_ref()).enumerate() {
             let spend = match gcra::spend_for(cost, q) {
                 Ok(spend) => spend,
                 Err(Denial::ExceedsCapacity { cost, capacity }) => {
@@ -97,8 +97,8 @@ pub(crate) fn apply(words: &mut Words, policy: &Policy, now: Nanos, cost: u64) {
 /// What an admitted call reports, from the words after [`apply`]: the
 /// least remaining (first `(scope, quota)` on a tie) and the latest refill.
 #[inline]
-pub(crate) fn summary<'a>(
-    scopes: impl Iterator<Item = (usize, &'a Words, &'a Policy)>,
+pub(crate) fn summary<'a, W: AsRef<[Nanos]> + ?Sized + 'a>(
+    scopes: impl Iterator<Item = (usize, &'a W, &'a Policy)>,
     now: Nanos,
 ) -> CompoundDecision {
     // The least so far, as (remaining, scope, quota, its quota and word);
@@ -106,7 +106,7 @@ pub(crate) fn summary<'a>(
     let mut least: Option<(u64, usize, usize, &gcra::Quota, Nanos)> = None;
     let mut reset_after = Nanos::ZERO;
     for (scope, words, policy) in scopes {
-        for (quota, (q, &word)) in policy.quotas().iter().zip(words).enumerate() {
+        for (quota, (q, &word)) in policy.quotas().iter().zip(words.as_ref()).enumerate() {
             let remaining = gcra::tokens_at(word, now, q);
             reset_after = reset_after.max(word.saturating_sub(now));
             let less = least.map_or(true, |(r, s, i, _, _)| {
@@ -174,7 +174,7 @@ pub(crate) fn all_full(words: &Words, now: Nanos) -> bool {
 
 /// The instant from which every word is full: the latest of them (words
 /// past a policy's quotas are 0, full).
-pub(crate) fn full_at(words: &Words) -> Nanos {
+pub(crate) fn full_at(words: &[Nanos]) -> Nanos {
     words.iter().copied().max().unwrap_or(Nanos::ZERO)
 }
 

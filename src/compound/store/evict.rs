@@ -36,7 +36,7 @@
 //! flood of keys each called once keeps about three passes of new keys
 //! (3,072 at the floor), and keys that come back are kept.
 
-use super::{padded, Slot, Store, SHARDS};
+use super::{Slot, Store, SHARDS};
 use crate::compound::cell::{Cell, Retired};
 use crate::compound::decide;
 use crate::gcra;
@@ -191,7 +191,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             // is locked, so that it is retired in the same step as it
             // leaves the map.
             let (full_at, mut locked) = match slot {
-                Slot::Inline(words) => (decide::full_at(&padded(words)), None),
+                Slot::Inline(words) => (decide::full_at(&words.get()), None),
                 Slot::Shared(cell) => match cell.lock() {
                     Ok(locked) => (decide::full_at(&locked.words), Some(locked)),
                     // Cells in the map are never retired (both happen

@@ -22,7 +22,7 @@ fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
     let spend = |key: &str, full_at: u64| {
         let hash = store.hash(key);
         store.with_cell(hash, key, 1, false, |slot| match slot {
-            InMap::Inline(words) => words[0] = Nanos::new(full_at),
+            InMap::Inline(words) => words.set([Nanos::new(full_at), Nanos::ZERO]),
             InMap::Shared(_) => panic!("a one-word cell is inline"),
         })
     };
