@@ -1,6 +1,7 @@
 //! Unit tests of the compound store: making room at the cap.
 
 use super::*;
+use crate::time::Nanos;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::BuildHasherDefault;
 
