@@ -706,7 +706,9 @@ fn a_key_whose_hash_panics_in_the_sweep_leaves_no_dead_cell() {
     }
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     // Every bucket is full at 10 s: the sweep evicts them all, and the
-    // first one it samples panics (about 78 samples are due).
+    // first one it samples for the automatic sweep's pacing panics
+    // (about 78 samples are due; a sweep by hand samples too, which this
+    // test relies on).
     assert!(panics(|| limiter.sweep(10.0)), "no sampled key was hashed");
     armed.store(false, std::sync::atomic::Ordering::SeqCst);
     let (caller, armed) = (std::sync::Arc::clone(&limiter), armed.clone());

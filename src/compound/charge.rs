@@ -7,9 +7,7 @@ use super::cell::{Cell, Locked, Retired, SNAPSHOT_CELLS};
 use super::decide;
 use super::outcome::{CompoundDecision, CompoundDenial};
 use super::policy::MAX_QUOTAS;
-use super::store::InlineWords;
-#[cfg(doc)]
-use super::store::INLINE_WORDS;
+use super::store::{InlineWords, INLINE_WORDS};
 #[cfg(loom)]
 use crate::sync::Arc;
 use crate::time::Nanos;
@@ -76,6 +74,10 @@ pub(super) fn charge_inline(
     now: Nanos,
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
+    debug_assert!(
+        policy.quotas().len() <= INLINE_WORDS,
+        "a policy too long to be inline"
+    );
     let mut words = inline.get();
     let decided = charge_words(&mut words, policy, now, cost);
     if decided.is_ok() {

@@ -145,15 +145,19 @@ impl Drop for SetOnDrop<'_> {
 }
 
 /// Runs `calls` on a thread of its own and returns what they return;
-/// panics if they panic or have not returned within twice [`PATIENCE`].
-/// For the tests whose failure is a call that never returns (a dead
-/// bucket left in a map is retried for ever): they fail, not hang.
+/// panics with their panic if they panic, or if they have not returned
+/// within twice [`PATIENCE`]. For the tests whose failure is a call that
+/// never returns (a dead bucket left in a map is retried for ever): they
+/// fail, not hang.
 pub fn returns<R: Send + 'static>(calls: impl FnOnce() -> R + Send + 'static) -> R {
     let (sent, answer) = std::sync::mpsc::channel();
-    thread::spawn(move || sent.send(calls()));
+    let caller = thread::spawn(move || sent.send(calls()));
     match answer.recv_timeout(2 * PATIENCE) {
         Ok(returned) => returned,
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the calls never returned"),
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the calls panicked"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match caller.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(_) => unreachable!("the calls' thread ended without an answer or a panic"),
+        },
     }
 }

@@ -19,9 +19,9 @@ pub(crate) const INLINE_WORDS: usize = 2;
 
 /// A bucket's words inline in its map entry, the first kept as its value
 /// plus one: it is then never zero, the niche in which [`Slot`] keeps
-/// which of its two kinds it is, so that a slot is 16 bytes, not 24 (a
-/// word is an instant below 2^64 - 1: timestamps end at
-/// `MAX_TIMESTAMP_NANOS`, 2^63 - 1, and a window is far shorter).
+/// which of its two kinds it is, so that a slot is 16 bytes, not 24. A
+/// word is at most a timestamp plus a spend (`gcra::step`), both below
+/// 2^63, so the sum never saturates.
 #[derive(Clone, Copy)]
 pub(crate) struct InlineWords {
     first: NonZeroU64,
@@ -44,6 +44,7 @@ impl InlineWords {
     /// Stores `words`.
     #[inline]
     pub(crate) fn set(&mut self, words: [Nanos; INLINE_WORDS]) {
+        debug_assert!(words[0].as_u64() < u64::MAX, "a word past any instant");
         self.first = NonZeroU64::MIN.saturating_add(words[0].as_u64());
         self.second = words[1];
     }
