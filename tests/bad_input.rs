@@ -296,11 +296,10 @@ fn a_key_whose_hash_panics_in_the_sweep_leaves_no_dead_bucket() {
         assert!(limiter.allow(&HashesBadly::new(id, &armed), at(id)));
     }
     // New keys, each full a nanosecond after its call, step the sweep
-    // over the keys above; the first eviction it samples panics (or a
-    // shard's growth, which hashes stored keys too).
+    // over the keys above; each eviction it samples panics. So may a
+    // shard's growth, which hashes stored keys too: every call runs, so
+    // that such panics cannot end the loop before the sweep's.
     armed.store(true, SeqCst);
-    // Every call that panics is counted: a shard's growth hashes stored
-    // keys too, and its panics must not end the loop before the sweep's.
     let panicked = (KEYS..KEYS * 5)
         .filter(|&id| panics(|| limiter.allow(&HashesBadly::new(id, &armed), at(id))))
         .count();

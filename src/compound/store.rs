@@ -49,7 +49,6 @@
 //!
 //! Eviction, the automatic sweep and room at the cap: `evict`.
 
-use super::cell::Cell;
 use super::decide::{self, Words};
 use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
@@ -204,11 +203,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         if self.auto_sweep {
             self.ghosts.created(hash);
         }
-        let mut slot = if share || len > INLINE_WORDS {
-            Slot::Shared(Box::new(Cell::new(len)))
-        } else {
-            Slot::Inline(InlineWords::FULL)
-        };
+        let mut slot = Slot::new(len, share);
         let result = f(slot.in_map(len, share));
         // The new slot is not in the map yet: a shared cell's read sees
         // what `f` wrote. Relaxed: a hint (see `Shard::full_from`),

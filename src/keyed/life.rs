@@ -20,6 +20,7 @@
 
 use super::TokenBucketLimiter;
 use crate::bucket::{Bucket, MOVED};
+use crate::gcra;
 use crate::observe::Cell;
 use crate::sync::Arc;
 use crate::time::Nanos;
@@ -112,6 +113,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             },
             |moved| moved.clone(),
         )
+    }
+
+    /// Whether [`evict`](Self::evict) may take `bucket` at `at`: its word
+    /// read once, full then or moved (whose pin `evict` checks). A hint,
+    /// not a decision: a spend may land before `evict` runs.
+    pub(super) fn may_evict(bucket: &Bucket, at: Nanos) -> bool {
+        let word = bucket.word();
+        word == MOVED || gcra::is_full(Nanos::new(word), at)
     }
 
     /// Whether `key`'s bucket is full at `at` and pinned by no handle; if

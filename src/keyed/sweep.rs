@@ -7,8 +7,6 @@
 use super::ghosts::Ghosts;
 use super::occupancy::{one_in, SWEEP_SLICE};
 use super::TokenBucketLimiter;
-use crate::bucket::MOVED;
-use crate::gcra;
 use crate::guard::Tally;
 use crate::time::{At, Nanos};
 use std::hash::{BuildHasher, Hash};
@@ -81,10 +79,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 // Hashed before the bucket is retired: a key's `Hash` that
                 // panics leaves its bucket live in the map, not retired
                 // there (every later call on the key would find it dead).
-                // Drawn only for a bucket `evict` may take (full at the
-                // step's instant, or moved), as evictions were sampled.
-                let word = bucket.word();
-                let may_go = word == MOVED || gcra::is_full(Nanos::new(word), step.full_at);
+                // Drawn only for a bucket `evict` may take, as evictions
+                // were sampled.
+                let may_go = Self::may_evict(bucket, step.full_at);
                 let sampled = (may_go && Ghosts::sampled(one_in)).then(|| self.buckets.hash(key));
                 let evict = self.evict(key, bucket, step.full_at);
                 removed.add(evict);

@@ -30,7 +30,7 @@ pub(crate) struct InlineWords {
 
 impl InlineWords {
     /// A new bucket's words: all full.
-    pub(super) const FULL: InlineWords = InlineWords {
+    const FULL: InlineWords = InlineWords {
         first: NonZeroU64::MIN,
         second: Nanos::ZERO,
     };
@@ -87,6 +87,16 @@ impl InMap<'_> {
 }
 
 impl Slot {
+    /// A new key's bucket, full, as a call of `len` words that asks for
+    /// it shared (`share`) or not needs it (see [`in_map`](Self::in_map)).
+    pub(super) fn new(len: usize, share: bool) -> Slot {
+        if fits_inline(len, share) {
+            Slot::Inline(InlineWords::FULL)
+        } else {
+            Slot::Shared(Box::new(Cell::new(len)))
+        }
+    }
+
     /// The bucket's words at one instant (past its cell's, 0: full); the
     /// caller holds the shard's lock (a shared cell is read, or locked if
     /// writers keep it busy: the one lock order).
@@ -102,7 +112,7 @@ impl Slot {
     /// lengthened, first if need be).
     #[inline]
     pub(super) fn in_map(&mut self, len: usize, share: bool) -> InMap<'_> {
-        let inline = matches!(self, Slot::Inline(_)) && !share && len <= INLINE_WORDS;
+        let inline = matches!(self, Slot::Inline(_)) && fits_inline(len, share);
         if !inline {
             return InMap::Shared(self.shared(len));
         }
@@ -133,6 +143,12 @@ impl Slot {
             Slot::Inline(_) => unreachable!("moved to an Arc above"),
         }
     }
+}
+
+/// Whether a call of `len` words that asks for the cell shared (`share`)
+/// or not can use words inline in the entry.
+fn fits_inline(len: usize, share: bool) -> bool {
+    !share && len <= INLINE_WORDS
 }
 
 // The niche at work: a slot is two words, as `InlineWords` is. (Under
