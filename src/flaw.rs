@@ -103,6 +103,11 @@ pub enum Flaw {
     /// bucket spent since the bound was set is removed, and its spend is
     /// lost.
     CompoundRoomTrustsBound,
+    /// A thread's memo of a cached compound cell's last denial is trusted
+    /// without checking that no write landed on the cell since: after an
+    /// admission on the key, a call is denied with the wait and the
+    /// binding quota of the words before it.
+    CompoundMemoIgnoringState,
 }
 
 std::thread_local! {

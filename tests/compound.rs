@@ -519,28 +519,43 @@ fn generator(mut state: u64) -> impl FnMut(u64) -> u64 {
 }
 
 /// A key hammered from one thread is served from that thread's cache of
-/// hot cells (lock-free denials, admissions under the cell's lock), and
-/// through sweeps that retire its cell and policies that lengthen it,
-/// every answer equals a limiter's without the cache.
+/// hot cells (lock-free denials, repeated denials by the memo of the last
+/// one, admissions under the cell's lock), and through sweeps that retire
+/// its cell, policies that lengthen it, a clone of the policy and an equal
+/// policy made anew (which the memo does not know), and time that steps
+/// back now and then, every answer equals a limiter's without the cache.
 #[test]
 fn the_hot_key_cache_changes_no_decision() {
     let sec = 1_000_000_000;
     let one = Policy::new([quota(sec, 3)]).unwrap();
     let three = Policy::new([quota(sec, 3), quota(3 * sec, 5), quota(sec / 2, 8)]).unwrap();
+    let (one_cloned, three_cloned) = (one.clone(), three.clone());
+    let (one_again, three_again) = (
+        Policy::new(one.quotas().iter().copied()).unwrap(),
+        Policy::new(three.quotas().iter().copied()).unwrap(),
+    );
     let (cached, plain) = cached_and_plain();
     let mut next = generator(0x9e37_79b9_7f4a_7c15);
-    let mut now = 0u64;
+    let mut now = sec;
     for call in 0..20_000u64 {
-        now += next(400_000_000);
+        now = match next(16) {
+            0 => now.saturating_sub(next(800_000_000)),
+            _ => now + next(400_000_000),
+        };
         let at = Duration::from_nanos(now);
         let key = if next(8) == 0 { "other" } else { "hot" };
         // The policy lengthens from one quota to three after a while, and
         // back (a shorter policy keeps the longer cell).
-        let policy = if (call / 3_000) % 2 == 1 {
-            &three
+        let policies = if (call / 3_000) % 2 == 1 {
+            [&three, &three_cloned, &three_again]
         } else {
-            &one
+            [&one, &one_cloned, &one_again]
         };
+        let policy = policies[if next(4) == 0 {
+            1 + next(2) as usize
+        } else {
+            0
+        }];
         if next(500) == 0 {
             assert_eq!(cached.sweep(at), plain.sweep(at), "sweep at call {call}");
         }

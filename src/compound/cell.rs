@@ -105,7 +105,7 @@ impl Cell {
     /// the lock; a retired cell's are all full (its key has no bucket).
     pub(crate) fn words_now(&self) -> Words {
         match self.read() {
-            Ok(Some(words)) => words,
+            Ok(Some((_, words))) => words,
             Ok(None) => self
                 .lock()
                 .map_or([Nanos::ZERO; MAX_QUOTAS], |locked| locked.words),
@@ -123,9 +123,11 @@ impl Cell {
     }
 
     /// The words at one instant, without writing anything (words past the
-    /// cell's are 0, full), or `Ok(None)` if writers kept it busy.
+    /// cell's are 0, full), with the state they were read under (see
+    /// [`unchanged_since`](Self::unchanged_since)), or `Ok(None)` if
+    /// writers kept it busy.
     #[inline]
-    pub(crate) fn read(&self) -> Result<Option<Words>, Retired> {
+    pub(crate) fn read(&self) -> Result<Option<(u64, Words)>, Retired> {
         for _ in 0..READ_TRIES {
             // Acquire pairs with the Release store that let the last
             // write go: its words are visible to the loads below.
@@ -145,17 +147,30 @@ impl Cell {
             let skip = false;
             // Relaxed: ordered by the fence above.
             if skip || (before & LOCKED == 0 && self.state.load(Ordering::Relaxed) == before) {
-                return Ok(Some(words));
+                return Ok(Some((before, words)));
             }
             crate::sync::spin();
         }
         Ok(None)
     }
 
+    /// Whether no write has landed on the cell since a [`read`](Self::read)
+    /// under `state`, nor holds it now: its words are still the ones that
+    /// read returned, at this instant. Writes nothing.
+    #[inline]
+    pub(crate) fn unchanged_since(&self, state: u64) -> bool {
+        // Acquire, as the first load of `read`: this load is the instant
+        // at which the caller decides on the words it read before. Every
+        // write that changes a word, and every retirement, leaves a new
+        // state for good, and a held lock shows in it.
+        self.state.load(Ordering::Acquire) == state
+    }
+
     /// The words of several cells at one common instant, without writing
     /// anything: `Ok(true)` with cell `i`'s words in `words[i]` (`cells[i]`
-    /// is always `Some`), `Ok(false)` if writers kept some cell busy. At
-    /// most [`SNAPSHOT_CELLS`] cells.
+    /// is always `Some`; the words of `words[i]` past the cell's are left
+    /// as they were), `Ok(false)` if writers kept some cell busy. At most
+    /// [`SNAPSHOT_CELLS`] cells.
     ///
     /// Every state is loaded, then every cell's words, then every state
     /// again: all the first loads come before all the second ones, so each
@@ -174,7 +189,7 @@ impl Cell {
         if crate::flaw::flawed(crate::flaw::Flaw::CompoundSnapshotCellByCell) {
             for (i, words) in words.iter_mut().enumerate() {
                 match cell(i).read()? {
-                    Some(read) => *words = read,
+                    Some((_, read)) => *words = read,
                     None => return Ok(false),
                 }
             }
@@ -200,7 +215,7 @@ impl Cell {
                 }
             }
             for (i, words) in words.iter_mut().enumerate() {
-                *words = cell(i).load_words();
+                cell(i).load_into(words);
             }
             // As in `read`: orders every word load before the second state
             // loads; paired with the Release fence in `lock`, a snapshot
@@ -267,16 +282,24 @@ impl Cell {
         })
     }
 
-    /// The words, each loaded Relaxed (the state orders them).
+    /// The words, each loaded Relaxed (the state orders them); 0 (full)
+    /// past the cell's.
     #[inline]
     fn load_words(&self) -> Words {
         let mut words = [Nanos::ZERO; MAX_QUOTAS];
+        self.load_into(&mut words);
+        words
+    }
+
+    /// [`load_words`](Self::load_words) into `words`, whose words past
+    /// the cell's are left as they are.
+    #[inline]
+    fn load_into(&self, words: &mut Words) {
         for (word, atomic) in words.iter_mut().zip(&self.words) {
             // Relaxed: the state's loads around this decide (see `read`
             // and `lock`).
             *word = Nanos::new(atomic.load(Ordering::Relaxed));
         }
-        words
     }
 }
 

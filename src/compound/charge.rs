@@ -86,23 +86,104 @@ pub(super) fn charge_inline(
     decided
 }
 
-/// Charges one scope's cell (held outside the map: a thread's cache). A
-/// consistent read that denies is the outcome, with nothing written; an
-/// admission is decided again under the cell's lock. `None` if the cell
-/// is retired: nothing was spent, and the call goes to the map.
+/// Charges one scope's cell (held outside the map: a thread's cache),
+/// with the thread's `memo` of the cell's last denial. A call that the
+/// memo denies, or a consistent read that denies, is denied with nothing
+/// written (the read's denial becomes the memo); an admission is decided
+/// again under the cell's lock. `None` if the cell is retired: nothing
+/// was spent, and the call goes to the map.
 #[inline]
 pub(super) fn charge_read_first(
     cell: &Cell,
+    memo: &mut Option<Memo>,
     policy: &crate::Policy,
     now: Nanos,
     cost: u64,
 ) -> Option<Result<CompoundDecision, CompoundDenial>> {
-    if let Some(words) = cell.read().ok()? {
+    if let Some(denial) = memo
+        .as_ref()
+        .and_then(|memo| memo.denies(cell, policy, now, cost))
+    {
+        return Some(Err(denial));
+    }
+    if let Some((state, words)) = cell.read().ok()? {
         if let Err(denial) = decide::verdict(std::iter::once((0, &words, policy)), now, cost) {
+            *memo = Memo::of(state, &denial, policy, now, cost);
             return Some(Err(denial));
         }
     }
     Some(charge_locked(&mut cell.lock().ok()?, policy, now, cost))
+}
+
+/// A thread's memo of a cached cell's last denial for want of tokens,
+/// decided on a read of the cell under state `state`: while no write
+/// lands on the cell, a call of the same cost under the same policy is
+/// denied by the same quota until the same instant, whatever its own
+/// instant before that one (a quota's bucket holds the cost again at a
+/// fixed instant, its word plus the cost's refill less the quota's
+/// window; a denial waits for the latest of them, the first quota on a
+/// tie), so the call reads one state, and no word.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Memo {
+    state: u64,
+    /// The policy's number (`Policy::id`).
+    policy: u64,
+    cost: u64,
+    /// When every quota holds `cost` again.
+    until: Nanos,
+    /// The binding quota.
+    quota: usize,
+}
+
+impl Memo {
+    /// The memo of `denial`, decided at `now` on a read under `state`, if
+    /// it is a denial for want of tokens.
+    fn of(
+        state: u64,
+        denial: &CompoundDenial,
+        policy: &crate::Policy,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Memo> {
+        match *denial {
+            CompoundDenial::InsufficientTokens {
+                retry_after, quota, ..
+            } => Some(Memo {
+                state,
+                policy: policy.id(),
+                cost,
+                // The wait was a whole number of nanoseconds.
+                until: now + Nanos::saturating_from_duration(retry_after),
+                quota,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The denial of a call of `cost` under `policy` at `now` on `cell`,
+    /// if this memo decides it: the same cost and policy, an instant
+    /// before `until`, and no write on the cell since the read.
+    #[inline]
+    fn denies(
+        &self,
+        cell: &Cell,
+        policy: &crate::Policy,
+        now: Nanos,
+        cost: u64,
+    ) -> Option<CompoundDenial> {
+        #[cfg(loom)]
+        let trust = crate::flaw::flawed(crate::flaw::Flaw::CompoundMemoIgnoringState);
+        #[cfg(not(loom))]
+        let trust = false;
+        let same = self.policy == policy.id() && self.cost == cost && now < self.until;
+        (same && (trust || cell.unchanged_since(self.state))).then(|| {
+            CompoundDenial::InsufficientTokens {
+                retry_after: (self.until - now).into(),
+                scope: 0,
+                quota: self.quota,
+            }
+        })
+    }
 }
 
 /// Charges several scopes' cells (held outside the map: a thread's
@@ -110,9 +191,9 @@ pub(super) fn charge_read_first(
 /// denies is the outcome, with nothing written; an admission, or a
 /// snapshot that writers kept from succeeding, is decided again under
 /// the locks ([`charge`]). `None` if a cell is retired (nothing was spent,
-/// and the call goes to the map) or shorter than its scope's policy (the
-/// map lengthens it). `cells[i]` is scope `i`'s (always `Some`), at most
-/// [`SNAPSHOT_CELLS`] of them.
+/// and the call goes to the map). `cells[i]` is scope `i`'s (always
+/// `Some`, and at least as long as its policy: a shorter one goes to the
+/// map, which lengthens it), at most [`SNAPSHOT_CELLS`] of them.
 #[inline]
 pub(super) fn charge_cached<Q: ?Sized>(
     cells: &[Option<&Cell>],
@@ -120,12 +201,13 @@ pub(super) fn charge_cached<Q: ?Sized>(
     now: Nanos,
     cost: u64,
 ) -> Option<Result<CompoundDecision, CompoundDenial>> {
-    let short = |(cell, (_, policy)): (&Option<&Cell>, &(&Q, &crate::Policy))| {
-        cell.map_or(true, |cell| cell.len() < policy.quotas().len())
-    };
-    if cells.iter().zip(scopes).any(short) {
-        return None;
-    }
+    debug_assert!(
+        cells
+            .iter()
+            .zip(scopes)
+            .all(|(cell, (_, policy))| cell.is_some_and(|cell| cell.len() >= policy.quotas().len())),
+        "every scope's cell, long enough"
+    );
     let mut words = [[Nanos::ZERO; MAX_QUOTAS]; SNAPSHOT_CELLS];
     let words = &mut words[..cells.len()];
     if Cell::read_all(cells, words).ok()? {

@@ -12,7 +12,10 @@
 //! cell's words without writing anything (`Cell::read`; a call of several
 //! scopes, all cached, `Cell::read_all`, borrowing the cells from the
 //! cache), so a denial served here writes no shared memory at all; an
-//! admission locks only the cells.
+//! admission locks only the cells. A call of several scopes, some of
+//! them cached, borrows those cells too, and takes only the others from
+//! the map (a global key that every call names is looked up there by no
+//! thread that caches it).
 //!
 //! A cache holds a strong `Arc`, but does not pin the bucket: the sweep
 //! retires a full cell under its lock and removes it from the map, and a
@@ -29,6 +32,7 @@
 //! read/retire protocol.
 
 use super::cell::Cell;
+use super::charge::Memo;
 use crate::dice::Dice;
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use crate::sync::Arc;
@@ -93,6 +97,8 @@ struct Entry {
     /// The key, a `K` of that limiter.
     key: Box<dyn Any>,
     cell: Arc<Cell>,
+    /// The cell's last denial for want of tokens, served here.
+    memo: Option<Memo>,
 }
 
 /// One thread's cache and its votes.
@@ -163,28 +169,6 @@ impl Cache {
         self.dice.one_in(VOTE_ONE_IN) && self.vote(tag_of(limiter, hash))
     }
 
-    /// [`one_vote`](Self::one_vote) for `key`, unless it is cached here
-    /// (looked for only when the dice pick it: a key of a call of several
-    /// scopes that was not looked for). A cached cell found retired is
-    /// forgotten, and the key votes.
-    fn vote_if_not_cached<K, Q>(&mut self, limiter: u64, hash: u64, key: &Q) -> bool
-    where
-        K: Borrow<Q> + 'static,
-        Q: Eq + ?Sized,
-    {
-        if !self.dice.one_in(VOTE_ONE_IN) {
-            return false;
-        }
-        if let Some(way) = self.find::<K, Q>(limiter, hash, key) {
-            let entry = self.ways[way].as_ref();
-            if !entry.is_some_and(|entry| entry.cell.is_retired()) {
-                return false;
-            }
-            self.forget(way);
-        }
-        self.vote(tag_of(limiter, hash))
-    }
-
     /// Counts one map lookup of the key tagged `tag`; true when it has
     /// just come back [`PROMOTE_AFTER`] times in a row in its slot.
     fn vote(&mut self, tag: u64) -> bool {
@@ -245,15 +229,16 @@ impl HotCells {
     }
 
     /// Runs `f` on this thread's cached cell for `key` (whose hash is
-    /// `hash`), if there is one and `f` returns `Some` (`None`: the cell
-    /// is retired, and the entry is dropped). Otherwise counts the map
-    /// lookup that follows as a vote for `key`.
+    /// `hash`) and the entry's memo of its last denial, if there is one
+    /// and `f` returns `Some` (`None`: the cell is retired, and the entry
+    /// is dropped). Otherwise counts the map lookup that follows as a
+    /// vote for `key`.
     #[inline]
     pub(crate) fn probe<K, Q, R>(
         &self,
         hash: u64,
         key: &Q,
-        f: impl FnOnce(&Cell) -> Option<R>,
+        f: impl FnOnce(&Cell, &mut Option<Memo>) -> Option<R>,
     ) -> Probe<R>
     where
         K: Borrow<Q> + 'static,
@@ -271,8 +256,8 @@ impl HotCells {
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
                 if let Some(way) = cache.find::<K, Q>(self.id, hash, key) {
-                    if let Some(entry) = cache.ways[way].as_ref() {
-                        if let Some(result) = f(&entry.cell) {
+                    if let Some(entry) = cache.ways[way].as_mut() {
+                        if let Some(result) = f(&entry.cell, &mut entry.memo) {
                             return Probe::Hit(result);
                         }
                         cache.forget(way);
@@ -285,14 +270,14 @@ impl HotCells {
             .unwrap_or(Probe::Miss { promote: false })
     }
 
-    /// Runs `f` on this thread's cached cells for every key of `scopes`
-    /// (`hashes[i]` is key `i`'s hash; `f` gets key `i`'s cell as entry
-    /// `i`, all `Some`), borrowed from the cache, if every key is cached
-    /// and `f` returns `Some` (`None`: a cell is retired or too short).
-    /// Otherwise each key not cached may vote, as in
-    /// [`probe`](Self::probe) (a key whose cached cell is retired drops it
-    /// when it votes), and `promote[i]` says whether key `i` should now be
-    /// cached. At most [`MAX_SCOPES`] scopes.
+    /// Runs `f` on this thread's cached cells for the keys of `scopes`
+    /// (`hashes[i]` is key `i`'s hash): `f` gets key `i`'s cell, borrowed
+    /// from the cache, as entry `i`, or `None` for a key not cached here.
+    /// Each key not cached may vote first, as in [`probe`](Self::probe),
+    /// and `promote[i]` says whether key `i` should now be cached. `None`
+    /// if the cache is off or busy, or if `f` returns `None` (a cell
+    /// retired or too short): each cached key whose cell is retired is
+    /// then forgotten, and may vote. At most [`MAX_SCOPES`] scopes.
     #[inline]
     pub(crate) fn probe_all<K, Q, R>(
         &self,
@@ -316,33 +301,29 @@ impl HotCells {
                     return None;
                 };
                 let cache = cache.get_or_insert_with(Cache::new);
-                // The keys' ways, up to the first key not cached (random
-                // traffic looks one key up, not every one).
                 let mut ways = [None; MAX_SCOPES];
-                let mut found = 0;
-                while found < n {
-                    ways[found] = cache.find::<K, Q>(self.id, hashes[found], scopes[found].0);
-                    if ways[found].is_none() {
-                        break;
-                    }
-                    found += 1;
-                }
-                if found == n {
-                    let mut cells = [None; MAX_SCOPES];
-                    for i in 0..n {
-                        cells[i] = ways[i].and_then(|way| Some(&*cache.ways[way].as_ref()?.cell));
-                    }
-                    if let Some(result) = f(&cells[..n]) {
-                        return Some(result);
-                    }
-                    // A cell retired (or too short): every key may vote,
-                    // and a retired cell is forgotten when its key does.
-                    ways = [None; MAX_SCOPES];
-                }
-                // Keys not found cached (or not looked for) may vote.
                 for i in 0..n {
-                    promote[i] = ways[i].is_none()
-                        && cache.vote_if_not_cached::<K, Q>(self.id, hashes[i], scopes[i].0);
+                    ways[i] = cache.find::<K, Q>(self.id, hashes[i], scopes[i].0);
+                    if ways[i].is_none() {
+                        promote[i] = cache.one_vote(self.id, hashes[i]);
+                    }
+                }
+                let mut cells = [None; MAX_SCOPES];
+                for i in 0..n {
+                    cells[i] = ways[i].and_then(|way| Some(&*cache.ways[way].as_ref()?.cell));
+                }
+                if let Some(result) = f(&cells[..n]) {
+                    return Some(result);
+                }
+                // A cell retired (or too short): a retired cell is
+                // forgotten, and its key may vote.
+                for i in 0..n {
+                    let Some(way) = ways[i] else { continue };
+                    let entry = cache.ways[way].as_ref();
+                    if entry.is_some_and(|entry| entry.cell.is_retired()) {
+                        cache.forget(way);
+                        promote[i] = cache.one_vote(self.id, hashes[i]);
+                    }
                 }
                 None
             })
@@ -369,6 +350,7 @@ impl HotCells {
             limiter: self.id,
             key: Box::new(key),
             cell,
+            memo: None,
         };
         let _ = CACHE.try_with(|cache| {
             let Ok(mut cache) = cache.try_borrow_mut() else {

@@ -2,6 +2,8 @@
 
 use crate::error::ConfigError;
 use crate::gcra::Quota;
+use crate::sync::unmodeled::{AtomicU64, Relaxed};
+use std::fmt;
 
 /// The most quotas a [`Policy`] holds.
 pub const MAX_QUOTAS: usize = 8;
@@ -28,10 +30,32 @@ pub const MAX_QUOTAS: usize = 8;
 /// assert_eq!(policy.quotas().len(), 2);
 /// assert_eq!(Policy::new([]), Err(ConfigError::EmptyPolicy));
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone)]
 pub struct Policy {
     /// 1 to [`MAX_QUOTAS`] quotas, in the caller's order.
     quotas: Vec<Quota>,
+    /// This policy's own number, shared only with its clones (which hold
+    /// the same quotas): a thread's cache of hot cells tells a policy it
+    /// decided on before by it, without comparing quotas.
+    id: u64,
+}
+
+/// Numbers policies; never reused.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Policies are equal when their quotas are, in order.
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.quotas == other.quotas
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("quotas", &self.quotas)
+            .finish()
+    }
 }
 
 impl Policy {
@@ -60,7 +84,7 @@ impl Policy {
         match quotas.len() {
             0 => Err(ConfigError::EmptyPolicy),
             count if count > MAX_QUOTAS => Err(ConfigError::TooManyQuotas { count }),
-            _ => Ok(Policy { quotas }),
+            _ => Ok(Policy::of(quotas)),
         }
     }
 
@@ -78,13 +102,25 @@ impl Policy {
     pub fn quotas(&self) -> &[Quota] {
         &self.quotas
     }
+
+    /// This policy's number (see `id`).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// A policy of `quotas` (1 to [`MAX_QUOTAS`]), newly numbered.
+    fn of(quotas: Vec<Quota>) -> Self {
+        Policy {
+            quotas,
+            // Relaxed: only uniqueness matters, and fetch_add gives it.
+            id: NEXT_ID.fetch_add(1, Relaxed),
+        }
+    }
 }
 
 impl From<Quota> for Policy {
     /// A policy of one quota.
     fn from(quota: Quota) -> Self {
-        Policy {
-            quotas: vec![quota],
-        }
+        Policy::of(vec![quota])
     }
 }

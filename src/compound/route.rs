@@ -6,11 +6,11 @@ use super::cell::Cell;
 #[cfg(loom)]
 use super::charge::charge_check_then_spend;
 use super::charge::{charge, charge_cached, charge_inline, charge_locked, charge_read_first};
-use super::charge::{Charged, INLINE_SCOPES};
+use super::charge::{Charged, Memo, INLINE_SCOPES};
 use super::hot::Probe;
 use super::limiter::CompoundLimiter;
 use super::outcome::{CompoundDecision, CompoundDenial};
-use super::store::InMap;
+use super::store::{Held, InMap, NO_CELLS};
 use crate::sync::Arc;
 use crate::time::Nanos;
 use std::borrow::Borrow;
@@ -37,12 +37,12 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     {
         let hash = self.store.hash(key);
         let len = policy.quotas().len();
-        let cached = |cell: &Cell| {
+        let cached = |cell: &Cell, memo: &mut Option<Memo>| {
             // A cell too short for this policy is lengthened in the map.
             if cell.len() < len {
                 return None;
             }
-            charge_read_first(cell, policy, now, cost)
+            charge_read_first(cell, memo, policy, now, cost)
         };
         let promote = match self.hot.probe::<K, Q, _>(hash, key, cached) {
             Probe::Hit(decided) => return decided,
@@ -58,7 +58,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
                 (decided, promote.then(|| Arc::clone(cell)))
             }
         };
-        let (decided, promoted) = self.in_map(hash, key, len, promote, now, &[], charge)?;
+        let (decided, promoted) = self.in_map(hash, key, len, promote, now, NO_CELLS, charge)?;
         if let Some(cell) = promoted {
             self.hot.insert(hash, key.to_owned(), cell);
         }
@@ -66,11 +66,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         decided
     }
 
-    /// Several scopes: through this thread's cache of hot cells if it
-    /// holds every scope's cell (borrowed there, no `Arc` taken: a denial
-    /// reads them all at one instant and writes nothing; an admission
-    /// locks them), else their cells from the map, locked. A key that won
-    /// its vote on the way is cached after the call.
+    /// Several scopes: the cells this thread caches, borrowed there (no
+    /// `Arc` taken, no shard locked), and the others' from the map. When
+    /// every cell is cached, a denial reads them all at one instant and
+    /// writes nothing ([`charge_cached`]); otherwise, and for an
+    /// admission, the cells are locked ([`charge`]). A cached cell found
+    /// retired, or too short for its policy, sends the call through the
+    /// map for every key. A key that won its vote on the way is cached
+    /// after the call.
     pub(super) fn charge_scopes<Q>(
         &self,
         scopes: &[(&Q, &crate::Policy)],
@@ -102,11 +105,32 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         }
         let hashes = &hashes[..n];
         let mut promote = [false; INLINE_SCOPES];
-        let cached = |cells: &[Option<&Cell>]| charge_cached(cells, scopes, now, cost);
-        if let Some(decided) =
-            self.hot
-                .probe_all::<K, Q, _>(hashes, scopes, &mut promote[..n], cached)
-        {
+        // The cells taken from the map by a call that the cache served in
+        // part (`fetched[i]` is key `i`'s, if it was not cached); none
+        // when every cell is cached.
+        let mut fetched: Option<[Option<Arc<Cell>>; INLINE_SCOPES]> = None;
+        let cached = |cached: &[Option<&Cell>]| {
+            let fits = |(cell, (_, policy)): (&Option<&Cell>, &(&Q, &crate::Policy))| {
+                cell.is_some_and(|cell| cell.len() >= policy.quotas().len())
+            };
+            if cached.iter().zip(scopes).all(fits) {
+                return charge_cached(cached, scopes, now, cost);
+            }
+            let fetched = fetched.insert(Default::default());
+            self.charge_partly_cached(cached, fetched, hashes, scopes, now, cost)
+        };
+        let decided = self
+            .hot
+            .probe_all::<K, Q, _>(hashes, scopes, &mut promote[..n], cached);
+        if let Some(decided) = decided {
+            if let Some(fetched) = &mut fetched {
+                for (i, cell) in fetched[..n].iter_mut().enumerate() {
+                    if let (true, Some(cell)) = (promote[i], cell.take()) {
+                        self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
+                    }
+                }
+                self.store.step(now);
+            }
             return decided;
         }
         loop {
@@ -126,6 +150,49 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
                 return decided;
             }
         }
+    }
+
+    /// Several scopes, some of whose cells this thread caches (`cached[i]`
+    /// is key `i`'s, borrowed from the cache, or `None`): the others'
+    /// cells from the map into `fetched` (a cached cell too short for its
+    /// policy is taken from the map too, which lengthens it), then every
+    /// cell locked and charged. `None` if a cell was retired before the
+    /// call locked it (nothing was spent; the call goes through the map).
+    fn charge_partly_cached<Q>(
+        &self,
+        cached: &[Option<&Cell>],
+        fetched: &mut [Option<Arc<Cell>>; INLINE_SCOPES],
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        now: Nanos,
+        cost: u64,
+    ) -> Option<Result<CompoundDecision, CompoundDenial>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let n = scopes.len();
+        // Key `i`'s cached cell, if it is long enough for its policy.
+        let usable = |i: usize| cached[i].filter(|cell| cell.len() >= scopes[i].1.quotas().len());
+        for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
+            if usable(i).is_some() {
+                continue;
+            }
+            // The cells the call holds so far are spared if room must be
+            // made (a cached cell too short too: it is being replaced).
+            let held = (cached, &fetched[..n]);
+            let len = policy.quotas().len();
+            let cell = self.in_map(hash, key, len, true, now, &held, |slot| slot.shared());
+            match cell {
+                Ok(cell) => fetched[i] = Some(cell.expect("a cell asked for shared is shared")),
+                Err(denial) => return Some(Err(denial)),
+            }
+        }
+        let mut cells = [None; INLINE_SCOPES];
+        for (i, cell) in cells[..n].iter_mut().enumerate() {
+            *cell = usable(i).or(fetched[i].as_deref());
+        }
+        charge(&cells[..n], scopes, now, cost).ok()
     }
 
     /// Several scopes through the map: their cells into `cells` (key `i`'s
@@ -162,14 +229,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// cells the call holds already, which stay), and
     /// [`CompoundDenial::LimiterFull`] if it made none.
     #[allow(clippy::too_many_arguments)]
-    fn in_map<Q, T>(
+    fn in_map<Q, T, H: Held + ?Sized>(
         &self,
         hash: u64,
         key: &Q,
         len: usize,
         share: bool,
         now: Nanos,
-        held: &[Option<Arc<Cell>>],
+        held: &H,
         f: impl Fn(InMap<'_>) -> T,
     ) -> Result<T, CompoundDenial>
     where

@@ -113,6 +113,7 @@ impl CompoundCounters {
     }
 
     /// Counts one decided call of `cost`.
+    #[inline]
     pub(crate) fn decided(&self, cost: u64, result: Result<&CompoundDecision, &CompoundDenial>) {
         let denial = match result {
             Ok(_) => {

@@ -146,6 +146,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     }
 
     /// The key's hash: its shard, and its place in a thread's cache.
+    #[inline]
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
     }
@@ -257,6 +258,7 @@ mod slot;
 pub(crate) use slot::{InMap, InlineWords, Slot, INLINE_WORDS};
 
 use evict::Pace;
+pub(crate) use evict::{Held, NO_CELLS};
 
 #[cfg(all(test, not(loom)))]
 mod tests;

@@ -43,9 +43,46 @@ use crate::gcra;
 use crate::guard::Tally;
 use crate::keyed::ghosts::Ghosts;
 use crate::keyed::occupancy::{next_pass_length, one_in};
-use crate::sync::{unmodeled, Arc, Ordering};
+use crate::sync::{unmodeled, Ordering};
 use crate::time::Nanos;
 use std::hash::{BuildHasher, Hash};
+use std::ops::Deref;
+
+/// No cells held: what a sweep spares when no call asks it to.
+pub(crate) const NO_CELLS: &[Option<&Cell>] = &[];
+
+/// The cells a call holds already, which a sweep that makes room for the
+/// call's next key spares.
+pub(crate) trait Held {
+    /// How many cells.
+    fn count(&self) -> usize;
+    /// Whether `cell` is one of them.
+    fn holds(&self, cell: &Cell) -> bool;
+}
+
+impl<C: Deref<Target = Cell>> Held for [Option<C>] {
+    fn count(&self) -> usize {
+        self.iter().flatten().count()
+    }
+
+    fn holds(&self, cell: &Cell) -> bool {
+        self.iter()
+            .flatten()
+            .any(|held| held.address() == cell.address())
+    }
+}
+
+/// The cells of both lists (a call's cells from a thread's cache, and
+/// those from the map).
+impl<A: Held + ?Sized, B: Held + ?Sized> Held for (&A, &B) {
+    fn count(&self) -> usize {
+        self.0.count() + self.1.count()
+    }
+
+    fn holds(&self, cell: &Cell) -> bool {
+        self.0.holds(cell) || self.1.holds(cell)
+    }
+}
 
 /// The fewest new keys between two steps of the automatic sweep.
 const MIN_STEP: usize = 16;
@@ -109,7 +146,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // Never above `now`: what goes is full at `now`, so the sweep stays
         // exact even when timestamps run backwards.
         let bound = Nanos::new(pace.idle_since.load(unmodeled::Relaxed)).min(now);
-        let (removed, kept) = self.sweep_shard(shard, bound, &[]);
+        let (removed, kept) = self.sweep_shard(shard, bound, NO_CELLS);
         pace.kept.fetch_add(kept, unmodeled::Relaxed);
         removed
     }
@@ -126,7 +163,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// Sweeps every shard at `now` (a caller's `sweep`).
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         (0..self.shards.len())
-            .map(|shard| self.sweep_shard(shard, now, &[]).0)
+            .map(|shard| self.sweep_shard(shard, now, NO_CELLS).0)
             .sum()
     }
 
@@ -141,9 +178,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// ever. Each may keep its shard's bound at its own, so the call
     /// sweeps up to one shard more than it spares, in the order of their
     /// bounds.
-    pub(crate) fn make_room(&self, now: Nanos, spare: &[Option<Arc<Cell>>]) -> bool {
+    pub(crate) fn make_room<H: Held + ?Sized>(&self, now: Nanos, spare: &H) -> bool {
         let mut swept = [false; SHARDS];
-        for _ in 0..=spare.len() {
+        for _ in 0..=spare.count() {
             // Relaxed: a hint (see `Shard::full_from`).
             let earliest = self
                 .shards
@@ -171,7 +208,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// Removes shard `shard`'s cells that are full at `now` (see the
     /// module docs), but not those in `spare`; returns how many it removed
     /// and how many it kept.
-    fn sweep_shard(&self, shard: usize, now: Nanos, spare: &[Option<Arc<Cell>>]) -> (usize, usize) {
+    fn sweep_shard<H: Held + ?Sized>(&self, shard: usize, now: Nanos, spare: &H) -> (usize, usize) {
         #[cfg(test)]
         self.shard_sweeps.fetch_add(1, Ordering::Relaxed);
         let shard = &self.shards[shard];
@@ -203,7 +240,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 },
             };
             let spared = || match slot {
-                Slot::Shared(cell) => spare.iter().flatten().any(|held| Arc::ptr_eq(held, cell)),
+                Slot::Shared(cell) => spare.holds(cell),
                 // A call holds only shared cells.
                 Slot::Inline(_) => false,
             };

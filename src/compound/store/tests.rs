@@ -32,25 +32,28 @@ fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
     }
     assert!(spend("new", SEC).is_err(), "the map is full");
 
-    assert!(!store.make_room(Nanos::new(SEC / 2), &[]));
+    assert!(!store.make_room(Nanos::new(SEC / 2), NO_CELLS));
     assert_eq!(sweeps(&store), 0, "no bucket can be full before 1 s");
 
-    assert!(store.make_room(Nanos::new(SEC), &[]), "k0 is full at 1 s");
+    assert!(
+        store.make_room(Nanos::new(SEC), NO_CELLS),
+        "k0 is full at 1 s"
+    );
     assert_eq!((sweeps(&store), store.len()), (1, 99));
-    assert!(!store.make_room(Nanos::new(SEC), &[]));
+    assert!(!store.make_room(Nanos::new(SEC), NO_CELLS));
     assert_eq!(sweeps(&store), 1, "the next bucket is full at 2 s");
 
     // k1 spent again: its shard's bound (2 s) is stale.
     assert!(spend("k1", 50 * SEC).is_ok());
-    assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
+    assert!(!store.make_room(Nanos::new(2 * SEC), NO_CELLS));
     assert_eq!(sweeps(&store), 2, "one shard swept, k1's");
-    assert!(!store.make_room(Nanos::new(2 * SEC), &[]));
+    assert!(!store.make_room(Nanos::new(2 * SEC), NO_CELLS));
     assert_eq!(sweeps(&store), 2, "its bound is exact again");
     assert_eq!(store.len(), 99);
 
     // A new key lowers its shard's bound: room made at its full_at.
     assert!(spend("new", SEC).is_ok());
-    assert!(store.make_room(Nanos::new(SEC), &[]));
+    assert!(store.make_room(Nanos::new(SEC), NO_CELLS));
     assert_eq!((sweeps(&store), store.len()), (3, 99));
     assert!(
         store.words("new").is_none(),
