@@ -124,12 +124,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .probe_all::<K, Q, _>(hashes, scopes, &mut promote[..n], cached);
         if let Some(decided) = decided {
             if let Some(fetched) = &mut fetched {
-                for (i, cell) in fetched[..n].iter_mut().enumerate() {
-                    if let (true, Some(cell)) = (promote[i], cell.take()) {
-                        self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
-                    }
-                }
-                self.store.step(now);
+                self.after_map(&mut fetched[..n], hashes, scopes, &promote, now);
             }
             return decided;
         }
@@ -139,17 +134,33 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             // Retired: a sweep or a lengthening took a cell from the map
             // before the call locked it; look the keys up again.
             if let Ok(decided) = self.charge_from_map(cells, hashes, scopes, now, cost)? {
-                for (i, cell) in cells.iter_mut().enumerate() {
-                    if promote[i] {
-                        if let Some(cell) = cell.take() {
-                            self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
-                        }
-                    }
-                }
-                self.store.step(now);
+                self.after_map(cells, hashes, scopes, &promote, now);
                 return decided;
             }
         }
+    }
+
+    /// After a call of several scopes that went to the map: caches the
+    /// cells (taken from `cells`, key `i`'s in `cells[i]`) of the keys
+    /// that won their votes (`promote[i]`), then takes the automatic
+    /// sweep's step.
+    fn after_map<Q>(
+        &self,
+        cells: &mut [Option<Arc<Cell>>],
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        promote: &[bool],
+        now: Nanos,
+    ) where
+        K: Borrow<Q>,
+        Q: ToOwned<Owned = K> + ?Sized,
+    {
+        for (i, cell) in cells.iter_mut().enumerate() {
+            if let (true, Some(cell)) = (promote[i], cell.take()) {
+                self.hot.insert(hashes[i], scopes[i].0.to_owned(), cell);
+            }
+        }
+        self.store.step(now);
     }
 
     /// Several scopes, some of whose cells this thread caches (`cached[i]`
