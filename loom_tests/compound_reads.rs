@@ -2,8 +2,11 @@
 //! cell, or on the thread's memo of its last denial there, racing an
 //! admission that spends on the same key: the denial is that of some
 //! sequential order, wait and binding quota included (a torn read, some
-//! words before the admission and some after, or a memo trusted after
-//! the admission, would report a wait that neither order gives).
+//! words before the admission and some after, would report a wait that
+//! neither order gives), and the admission's order if it had returned
+//! before the call began (a memo trusted after the admission reports the
+//! read-first order's wait, which only that real-time check tells from a
+//! good one).
 //! Model 16: a spend from a thread's cache of hot cells racing a sweep
 //! that retires the cell: the spend never lands on a retired cell, so it
 //! is never lost.

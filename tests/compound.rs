@@ -574,6 +574,32 @@ fn the_hot_key_cache_changes_no_decision() {
     assert_eq!(cached.stats(), plain.stats());
 }
 
+/// A bucket spent at the last valid instant under a quota of one token a
+/// 2^63 - 2 ns window, then asked at instants near 0 (time stepped far
+/// back): its shortfall saturates, and the wait it reports does not
+/// follow the call's instant. The cached key's repeated denials (which a
+/// memo of the last one would serve) answer as a limiter without the
+/// cache does.
+#[test]
+fn a_saturated_wait_is_not_served_from_a_memo() {
+    let huge = keyrate::Quota::with_interval(Duration::from_nanos((1 << 63) - 2), 1).unwrap();
+    let policy = Policy::new([huge]).unwrap();
+    let (cached, plain) = cached_and_plain();
+    let last = Duration::from_nanos((1 << 63) - 1);
+    for limiter in [&cached, &plain] {
+        assert!(limiter.check("k", &policy, last, 1).is_ok());
+    }
+    for call in 0..2_000u64 {
+        let at = Duration::from_nanos(call % 3);
+        assert_eq!(
+            cached.check("k", &policy, at, 1),
+            plain.check("k", &policy, at, 1),
+            "call {call}"
+        );
+    }
+    assert_eq!(cached.stats(), plain.stats());
+}
+
 /// A three-scope call (key, org, global) hammered from one thread is
 /// served from that thread's cache of hot cells once all three cells are
 /// cached (a denial decided on a lock-free snapshot of the three, an

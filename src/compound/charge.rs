@@ -1,7 +1,9 @@
-//! The in-memory compound charge: a call whose cells a thread caches is
-//! decided on a lock-free read of them, and a denial writes nothing; an
-//! admission, and a call through the map, decides with every cell locked
-//! in one global order, then writes all or nothing.
+//! The in-memory compound charge: a call whose cells a thread caches (all
+//! of them) is decided on a lock-free read of them, or on the thread's
+//! memo of its last denial, and a denial writes nothing; an admission,
+//! and a call whose cells come from the map (some or all of them),
+//! decides with every cell locked in one global order, then writes all
+//! or nothing.
 
 use super::cell::{Cell, Locked, Retired, SNAPSHOT_CELLS};
 use super::decide;
@@ -10,7 +12,7 @@ use super::policy::MAX_QUOTAS;
 use super::store::{InlineWords, INLINE_WORDS};
 #[cfg(loom)]
 use crate::sync::Arc;
-use crate::time::Nanos;
+use crate::time::{Nanos, MAX_TIMESTAMP_NANOS};
 use std::ops::Deref;
 
 /// Scopes a call handles with no allocation; more take a `Vec`.
@@ -137,7 +139,11 @@ pub(crate) struct Memo {
 
 impl Memo {
     /// The memo of `denial`, decided at `now` on a read under `state`, if
-    /// it is a denial for want of tokens.
+    /// it is a denial for want of tokens whose wait is at most
+    /// [`MAX_TIMESTAMP_NANOS`]. A shortfall that saturated in `gcra::step`
+    /// (a word near 2^64, time stepped far back) leaves a wait that does
+    /// not shrink as the call's instant grows, and of at least 2^64 - 1
+    /// less a window of at most 2^63 - 2: above that bound.
     fn of(
         state: u64,
         denial: &CompoundDenial,
@@ -145,19 +151,21 @@ impl Memo {
         now: Nanos,
         cost: u64,
     ) -> Option<Memo> {
-        match *denial {
-            CompoundDenial::InsufficientTokens {
-                retry_after, quota, ..
-            } => Some(Memo {
-                state,
-                policy: policy.id(),
-                cost,
-                // The wait was a whole number of nanoseconds.
-                until: now + Nanos::saturating_from_duration(retry_after),
-                quota,
-            }),
-            _ => None,
-        }
+        let CompoundDenial::InsufficientTokens {
+            retry_after, quota, ..
+        } = *denial
+        else {
+            return None;
+        };
+        // The wait was a whole number of nanoseconds.
+        let wait = Nanos::saturating_from_duration(retry_after);
+        (wait.as_u64() <= MAX_TIMESTAMP_NANOS).then(|| Memo {
+            state,
+            policy: policy.id(),
+            cost,
+            until: now + wait,
+            quota,
+        })
     }
 
     /// The denial of a call of `cost` under `policy` at `now` on `cell`,

@@ -1,6 +1,7 @@
 //! Which way an in-memory compound call goes: through the calling
-//! thread's cache of hot cells when it holds every scope's cell (a denial
-//! then reads them and writes nothing shared), else through the map.
+//! thread's cache of hot cells for the keys it holds (a call whose every
+//! cell is there is denied on a read of them, with nothing shared
+//! written), and through the map for the others.
 
 use super::cell::Cell;
 #[cfg(loom)]
@@ -71,9 +72,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// every cell is cached, a denial reads them all at one instant and
     /// writes nothing ([`charge_cached`]); otherwise, and for an
     /// admission, the cells are locked ([`charge`]). A cached cell found
-    /// retired, or too short for its policy, sends the call through the
-    /// map for every key. A key that won its vote on the way is cached
-    /// after the call.
+    /// retired, or too short for its policy (the map lengthens it, and
+    /// retires it), sends the call through the map for every key, and the
+    /// cache forgets a retired cell then. A key that won its vote on the
+    /// way is cached after the call.
     pub(super) fn charge_scopes<Q>(
         &self,
         scopes: &[(&Q, &crate::Policy)],
@@ -110,10 +112,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         // when every cell is cached.
         let mut fetched: Option<[Option<Arc<Cell>>; INLINE_SCOPES]> = None;
         let cached = |cached: &[Option<&Cell>]| {
-            let fits = |(cell, (_, policy)): (&Option<&Cell>, &(&Q, &crate::Policy))| {
-                cell.is_some_and(|cell| cell.len() >= policy.quotas().len())
+            let short = |(cell, (_, policy)): (&Option<&Cell>, &(&Q, &crate::Policy))| {
+                cell.is_some_and(|cell| cell.len() < policy.quotas().len())
             };
-            if cached.iter().zip(scopes).all(fits) {
+            if cached.iter().zip(scopes).any(short) {
+                return None;
+            }
+            if cached.iter().all(Option::is_some) {
                 return charge_cached(cached, scopes, now, cost);
             }
             let fetched = fetched.insert(Default::default());
@@ -164,11 +169,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     }
 
     /// Several scopes, some of whose cells this thread caches (`cached[i]`
-    /// is key `i`'s, borrowed from the cache, or `None`): the others'
-    /// cells from the map into `fetched` (a cached cell too short for its
-    /// policy is taken from the map too, which lengthens it), then every
-    /// cell locked and charged. `None` if a cell was retired before the
-    /// call locked it (nothing was spent; the call goes through the map).
+    /// is key `i`'s, borrowed from the cache and long enough for its
+    /// policy, or `None`): the others' cells from the map into `fetched`,
+    /// then every cell locked and charged. `None` if a cell was retired
+    /// before the call locked it (nothing was spent; the call goes
+    /// through the map).
     fn charge_partly_cached<Q>(
         &self,
         cached: &[Option<&Cell>],
@@ -183,15 +188,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let n = scopes.len();
-        // Key `i`'s cached cell, if it is long enough for its policy.
-        let usable = |i: usize| cached[i].filter(|cell| cell.len() >= scopes[i].1.quotas().len());
         for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
-            if usable(i).is_some() {
+            if cached[i].is_some() {
                 continue;
             }
-            // The cells the call holds so far are spared if room must be
-            // made (a cached cell too short too: it is being replaced).
-            let held = (cached, &fetched[..n]);
+            // The cells of the keys before this one are spared if room
+            // must be made, as on the way through the map (a later key's
+            // cached cell that the sweep retires makes the call go there).
+            let held = (&cached[..i], &fetched[..i]);
             let len = policy.quotas().len();
             let cell = self.in_map(hash, key, len, true, now, &held, |slot| slot.shared());
             match cell {
@@ -201,7 +205,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         }
         let mut cells = [None; INLINE_SCOPES];
         for (i, cell) in cells[..n].iter_mut().enumerate() {
-            *cell = usable(i).or(fetched[i].as_deref());
+            *cell = cached[i].or(fetched[i].as_deref());
         }
         charge(&cells[..n], scopes, now, cost).ok()
     }
