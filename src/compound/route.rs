@@ -188,20 +188,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let n = scopes.len();
-        for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
-            if cached[i].is_some() {
-                continue;
-            }
-            // The cells of the keys before this one are spared if room
-            // must be made, as on the way through the map (a later key's
-            // cached cell that the sweep retires makes the call go there).
-            let held = (&cached[..i], &fetched[..i]);
-            let len = policy.quotas().len();
-            let cell = self.in_map(hash, key, len, true, now, &held, |slot| slot.shared());
-            match cell {
-                Ok(cell) => fetched[i] = Some(cell.expect("a cell asked for shared is shared")),
-                Err(denial) => return Some(Err(denial)),
-            }
+        if let Err(denial) = self.fetch_from_map(cached, &mut fetched[..n], hashes, scopes, now) {
+            return Some(Err(denial));
         }
         let mut cells = [None; INLINE_SCOPES];
         for (i, cell) in cells[..n].iter_mut().enumerate() {
@@ -224,17 +212,43 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
-            // The cells taken so far are spared if room must be made.
-            let len = policy.quotas().len();
-            let cell = self.in_map(hash, key, len, true, now, &cells[..i], |slot| slot.shared())?;
-            cells[i] = Some(cell.expect("a cell asked for shared is shared"));
-        }
+        self.fetch_from_map(&[], cells, hashes, scopes, now)?;
         #[cfg(loom)]
         if crate::flaw::flawed(crate::flaw::Flaw::CompoundCheckThenSpend) {
             return Ok(charge_check_then_spend(cells, scopes, now, cost));
         }
         Ok(charge(cells, scopes, now, cost))
+    }
+
+    /// The cells of the keys that `cached` lacks (key `i`'s is
+    /// `cached[i]`, borrowed from this thread's cache, if the call has it)
+    /// from the map into `fetched`, each made if new. The cells the call
+    /// holds already (the cached ones before key `i`, and those fetched)
+    /// are spared if room must be made; a cached cell after it that the
+    /// sweep retires sends the call through the map.
+    #[inline(always)]
+    fn fetch_from_map<Q>(
+        &self,
+        cached: &[Option<&Cell>],
+        fetched: &mut [Option<Arc<Cell>>],
+        hashes: &[u64],
+        scopes: &[(&Q, &crate::Policy)],
+        now: Nanos,
+    ) -> Result<(), CompoundDenial>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        for (i, (&hash, &(key, policy))) in hashes.iter().zip(scopes).enumerate() {
+            if cached.get(i).is_some_and(Option::is_some) {
+                continue;
+            }
+            let held = (&cached[..i.min(cached.len())], &fetched[..i]);
+            let len = policy.quotas().len();
+            let cell = self.in_map(hash, key, len, true, now, &held, |slot| slot.shared())?;
+            fetched[i] = Some(cell.expect("a cell asked for shared is shared"));
+        }
+        Ok(())
     }
 
     /// `f` on the key's cell of at least `len` words in the map (its hash
