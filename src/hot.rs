@@ -57,6 +57,7 @@ mod imp {
     use crate::bucket::Bucket;
     use crate::sync::unmodeled::{AtomicU64, Relaxed};
     use crate::sync::Arc;
+    use crate::votes::Votes;
     use crossbeam_utils::CachePadded;
     use std::any::Any;
     use std::borrow::Borrow;
@@ -73,10 +74,6 @@ mod imp {
 
     /// Sets of vote counters per thread; a power of two.
     pub(crate) const VOTE_SETS: usize = 128;
-
-    /// Misra-Gries counters per vote set: a key gains votes while it makes
-    /// up more than a fifth of its set's lookups.
-    pub(crate) const VOTE_WAYS: usize = 4;
 
     /// Net votes that promote a key into the calling thread's cache: with
     /// one miss in [`VOTE_ONE_IN`] voting, a key hammered alone is cached
@@ -156,9 +153,9 @@ mod imp {
         /// (12 KiB): a thread that only ever sees spread traffic carries
         /// the tags and votes alone.
         sets: Option<Box<[Set; SETS]>>,
-        /// Misra-Gries counters: a 32-bit tag of a limiter and key hash
-        /// (see [`vote_of`]) and its net votes (0: free).
-        votes: [[(u32, u32); VOTE_WAYS]; VOTE_SETS],
+        /// Misra-Gries counters of 32-bit tags of a limiter and key hash
+        /// (see [`vote_of`]).
+        votes: [Votes<u32>; VOTE_SETS],
     }
 
     /// Under loom, a model that failed drops its threads' caches outside
@@ -180,7 +177,7 @@ mod imp {
             Box::new(CachePadded::new(Cache {
                 tags: [0; SETS],
                 sets: None,
-                votes: [[(0, 0); VOTE_WAYS]; VOTE_SETS],
+                votes: [Votes::new(0); VOTE_SETS],
             }))
         }
 
@@ -188,23 +185,7 @@ mod imp {
         /// has just won [`PROMOTE_AFTER`] net votes.
         #[inline]
         fn vote(&mut self, (set, tag): (usize, u32)) -> bool {
-            let counters = &mut self.votes[set];
-            if let Some(counter) = counters.iter_mut().find(|c| c.0 == tag && c.1 > 0) {
-                counter.1 += 1;
-                if counter.1 < PROMOTE_AFTER {
-                    return false;
-                }
-                *counter = (0, 0);
-                return true;
-            }
-            if let Some(counter) = counters.iter_mut().find(|c| c.1 == 0) {
-                *counter = (tag, 1);
-            } else {
-                for counter in counters.iter_mut() {
-                    counter.1 -= 1;
-                }
-            }
-            false
+            self.votes[set].vote(tag, PROMOTE_AFTER)
         }
     }
 

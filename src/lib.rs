@@ -99,6 +99,7 @@ mod store;
 mod sync;
 mod time;
 mod under;
+mod votes;
 
 pub use crate::compound::{
     AsyncCompound, Compound, CompoundDecision, CompoundDenial, CompoundLimiter, CompoundRefusal,

@@ -685,6 +685,81 @@ fn the_hot_key_cache_changes_no_decision_of_several_scopes() {
     );
 }
 
+/// At the cap, with the hot-key cache: three-scope calls (a key, its org,
+/// a global key, named in either order) whose org and global cells the
+/// thread caches while its keys come and go (a hot one and a flood of cold
+/// ones), so that a call takes some cells from the cache and fetches the
+/// others from a full map, which must make room while sparing the cells
+/// the call holds, cached or fetched. Every answer (the cap's refusals
+/// included), every remaining count and the map's size equal a limiter's
+/// without the cache. Both hash alike, so that their keys share shards.
+#[test]
+fn the_hot_key_cache_changes_no_decision_at_the_cap() {
+    type Fixed = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+    let sec = 1_000_000_000;
+    let limiter = |cache: bool| {
+        CompoundLimiter::<String, Fixed>::with_hasher(Fixed::default())
+            .with_max_keys(40)
+            .with_auto_sweep(false)
+            .with_hot_key_cache(cache)
+    };
+    let (cached, plain) = (limiter(true), limiter(false));
+    let plan = Policy::new([quota(sec / 4, 2), quota(2 * sec, 6)]).unwrap();
+    let org = Policy::new([quota(sec / 10, 6)]).unwrap();
+    let global = Policy::new([quota(sec / 20, 12)]).unwrap();
+    let cold: Vec<String> = (0..300).map(|n| format!("cold-{n}")).collect();
+    let mut next = generator(0x5851_f42d_4c95_7f2d);
+    let mut now = 0u64;
+    let (mut full, mut short) = (0u32, 0u32);
+    for call in 0..40_000u64 {
+        now += next(40_000_000);
+        let at = Duration::from_nanos(now);
+        let key = match next(3) {
+            0 => "hot",
+            _ => cold[next(cold.len() as u64) as usize].as_str(),
+        };
+        let cost = next(3);
+        let (got, want) = match next(8) {
+            0 => (
+                cached.check(key, &plan, at, cost),
+                plain.check(key, &plan, at, cost),
+            ),
+            1..=3 => {
+                let scopes = [("org", &org), ("global", &global), (key, &plan)];
+                (
+                    cached.check_scopes(&scopes, at, cost),
+                    plain.check_scopes(&scopes, at, cost),
+                )
+            }
+            _ => {
+                let scopes = [(key, &plan), ("org", &org), ("global", &global)];
+                (
+                    cached.check_scopes(&scopes, at, cost),
+                    plain.check_scopes(&scopes, at, cost),
+                )
+            }
+        };
+        assert_eq!(got, want, "call {call}");
+        match got {
+            Err(CompoundDenial::LimiterFull { max_keys: 40 }) => full += 1,
+            Err(CompoundDenial::InsufficientTokens { .. }) => short += 1,
+            _ => {}
+        }
+        for (key, policy) in [(key, &plan), ("org", &org), ("global", &global)] {
+            assert_eq!(
+                cached.remaining(key, policy, at),
+                plain.remaining(key, policy, at),
+                "call {call}, {key}"
+            );
+        }
+        assert_eq!(cached.len(), plain.len(), "call {call}");
+        assert!(cached.len() <= 40);
+    }
+    assert_eq!(cached.stats(), plain.stats());
+    assert!(full > 500, "refused at the cap {full} times");
+    assert!(short > 500, "denied for tokens {short} times");
+}
+
 /// A call for a new key that panics after the key took its place under
 /// the cap (its `Clone`, when the limiter stores its copy) gives the
 /// place back: it was never stored, and another new key gets in.

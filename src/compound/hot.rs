@@ -6,9 +6,10 @@
 //! not the decision, limits throughput. So each thread counts the keys of
 //! its calls that went to the map (one lookup in [`VOTE_ONE_IN`] votes,
 //! at random; a call of several scopes counts each key it does not find
-//! here), and a key that wins [`PROMOTE_AFTER`] votes in a row in its
-//! vote slot (no other key of that slot voting in between) gets its cell
-//! cached in the thread, with a copy of the key. A cached call reads the
+//! here), and a key that wins [`PROMOTE_AFTER`] net votes in its vote
+//! set (four Misra-Gries counters, so that the keys one call names climb
+//! side by side even when they share a set) gets its cell cached in the
+//! thread, with a copy of the key. A cached call reads the
 //! cell's words without writing anything (`Cell::read`; a call of several
 //! scopes, all cached, `Cell::read_all`, borrowing the cells from the
 //! cache), so a denial served here writes no shared memory at all; an
@@ -23,8 +24,8 @@
 //! nothing on it, and goes to the map. A thread's cache is [`WAYS`]
 //! entries over all compound limiters (a retired cell lives on in at most
 //! that many per thread, until the thread calls that key again, or a
-//! promotion takes its way, or the thread exits), and [`VOTES`] vote
-//! slots.
+//! promotion takes its way, or the thread exits), and [`VOTE_SETS`] vote
+//! sets.
 //!
 //! Under `cfg(loom)` the caches are per model thread (loom's
 //! thread-locals), off unless a model turns them on, and a key is
@@ -36,6 +37,7 @@ use super::charge::Memo;
 use crate::dice::Dice;
 use crate::sync::unmodeled::{AtomicU64, Relaxed};
 use crate::sync::Arc;
+use crate::votes::Votes;
 use std::any::Any;
 use std::borrow::Borrow;
 use std::cell::RefCell;
@@ -46,10 +48,10 @@ const WAYS: usize = 8;
 /// The most scopes a call served from the cache names: one per way.
 pub(crate) const MAX_SCOPES: usize = WAYS;
 
-/// Vote slots per thread; a power of two.
-const VOTES: usize = 64;
+/// Vote sets per thread (of four counters each); a power of two.
+const VOTE_SETS: usize = 16;
 
-/// Votes in a row (in its vote slot) that promote a key: with one lookup
+/// Net votes (in its vote set) that promote a key: with one lookup
 /// in [`VOTE_ONE_IN`] voting, a key hammered alone is cached after about
 /// 64 calls.
 #[cfg(not(loom))]
@@ -114,9 +116,9 @@ struct Cache {
     dice: Dice,
     /// The way the next promotion takes when none is free.
     next: usize,
-    /// Each slot's last tag (see [`tag_of`]) and how many lookups in a
-    /// row it has had.
-    votes: [(u64, u32); VOTES],
+    /// Misra-Gries counters of tags of a limiter and key hash (see
+    /// [`tag_of`]).
+    votes: [Votes<u64>; VOTE_SETS],
 }
 
 impl Cache {
@@ -127,7 +129,7 @@ impl Cache {
             cached: 0,
             dice: Dice::new(),
             next: 0,
-            votes: [(0, 0); VOTES],
+            votes: [Votes::new(0); VOTE_SETS],
         })
     }
 
@@ -170,19 +172,9 @@ impl Cache {
     }
 
     /// Counts one map lookup of the key tagged `tag`; true when it has
-    /// just come back [`PROMOTE_AFTER`] times in a row in its slot.
+    /// just won [`PROMOTE_AFTER`] net votes in its set.
     fn vote(&mut self, tag: u64) -> bool {
-        let slot = &mut self.votes[(tag >> 40) as usize % VOTES];
-        if slot.0 != tag || slot.1 == 0 {
-            *slot = (tag, 1);
-            return false;
-        }
-        slot.1 += 1;
-        if slot.1 <= PROMOTE_AFTER {
-            return false;
-        }
-        *slot = (0, 0);
-        true
+        self.votes[(tag >> 40) as usize % VOTE_SETS].vote(tag, PROMOTE_AFTER)
     }
 }
 

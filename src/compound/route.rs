@@ -121,6 +121,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             if cached.iter().all(Option::is_some) {
                 return charge_cached(cached, scopes, now, cost);
             }
+            // A cached cell found retired only after the others were
+            // fetched would send the call through the map with their new
+            // cells in it and not held (a sweep that makes room may take
+            // them, where the map's path would have spared them): the
+            // cache would change which keys the map keeps at the cap.
+            if cached.iter().flatten().any(|cell| cell.is_retired()) {
+                return None;
+            }
             let fetched = fetched.insert(Default::default());
             self.charge_partly_cached(cached, fetched, hashes, scopes, now, cost)
         };
