@@ -3,7 +3,7 @@
 //! and the compound limiter's).
 
 /// Counters in one vote set.
-pub(crate) const VOTE_WAYS: usize = 4;
+const VOTE_WAYS: usize = 4;
 
 /// One set of Misra-Gries counters: each a key's tag and its net votes
 /// (0: free). A key gains a vote while it makes up more than a fifth of

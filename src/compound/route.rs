@@ -121,14 +121,6 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             if cached.iter().all(Option::is_some) {
                 return charge_cached(cached, scopes, now, cost);
             }
-            // A cached cell found retired only after the others were
-            // fetched would send the call through the map with their new
-            // cells in it and not held (a sweep that makes room may take
-            // them, where the map's path would have spared them): the
-            // cache would change which keys the map keeps at the cap.
-            if cached.iter().flatten().any(|cell| cell.is_retired()) {
-                return None;
-            }
             let fetched = fetched.insert(Default::default());
             self.charge_partly_cached(cached, fetched, hashes, scopes, now, cost)
         };
@@ -179,9 +171,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// Several scopes, some of whose cells this thread caches (`cached[i]`
     /// is key `i`'s, borrowed from the cache and long enough for its
     /// policy, or `None`): the others' cells from the map into `fetched`,
-    /// then every cell locked and charged. `None` if a cell was retired
-    /// before the call locked it (nothing was spent; the call goes
-    /// through the map).
+    /// then every cell locked and charged. `None` if a cached cell is
+    /// retired before anything is fetched, or a cell was retired before
+    /// the call locked it (nothing was spent; the call goes through the
+    /// map).
     fn charge_partly_cached<Q>(
         &self,
         cached: &[Option<&Cell>],
@@ -195,6 +188,14 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // A cached cell found retired only after the others were fetched
+        // would send the call through the map with their new cells in it
+        // and not held (a sweep that makes room may take them, where the
+        // map's path would have spared them): the cache would change
+        // which keys the map keeps at the cap.
+        if cached.iter().flatten().any(|cell| cell.is_retired()) {
+            return None;
+        }
         let n = scopes.len();
         if let Err(denial) = self.fetch_from_map(cached, &mut fetched[..n], hashes, scopes, now) {
             return Some(Err(denial));
