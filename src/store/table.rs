@@ -9,12 +9,13 @@
 //! hundreds of microseconds. Here the full table is set aside instead
 //! (`old`), a table with room for twice its entries takes its place
 //! (`main`), and every write to the shard moves a few of `old`'s entries
-//! over ([`STEP`]) until none is left. Lookups try `main`, then `old` while
-//! it holds anything. A write moves `STEP` entries, so `old` is empty
-//! after writes numbering a sixteenth of its entries, long before `main`
-//! fills up. Until then both tables hold memory (half as much again as the
-//! shard's table alone): a short window of each doubling, where a plain
-//! table's rehash holds both for the length of one call.
+//! over until none is left: [`STEP`] for an insertion, [`UPDATE_STEP`]
+//! for an update. Lookups try `main`, then `old` while it holds anything.
+//! Insertions alone empty `old` after a sixteenth of its entries, long
+//! before `main` fills up; updates only hasten it. Until then both tables
+//! hold memory (half as much again as the shard's table alone): a short
+//! window of each doubling, where a plain table's rehash holds both for
+//! the length of one call.
 //!
 //! The automatic sweep visits a table a slice of buckets at a time
 //! ([`retain_range`](Table::retain_range)), `old`'s buckets first, then
@@ -26,15 +27,23 @@
 
 use hashbrown::HashTable;
 
-/// Entries moved from `old` to `main` by each write (an insertion or an
-/// update) while `old` is not empty: `old` holds at most half of `main`'s
-/// room when it is set aside, so it is empty before `main` fills up. Moves
+/// Entries moved from `old` to `main` by each insertion while `old` is not
+/// empty: `old` holds at most half of `main`'s room when it is set aside,
+/// so insertions alone empty it before `main` fills up. Moves
 /// cost a rehash each (tens of ns, a key's cold heap copy included), so a
 /// write pays at most about a microsecond for them, less as the batch's
 /// keys are hashed together (see `move_some`); two at a time kept
 /// both tables' memory for half of each doubling (bytes per key 1.32x
 /// governor's at 10^6 keys, `benches/bytes_per_key.rs`).
 const STEP: usize = 16;
+
+/// Entries moved by an update (a write that finds its key) while `old`
+/// is not empty: fewer than an insertion's, so that a call on a live key
+/// waits for a few cold moves, not [`STEP`] of them (at 16, such moves
+/// set the live keys' p99 in `benches/latency.rs`: 2.7-3.1 µs against
+/// 1.7-2.2 at 4, `BENCHMARKS.md`, eleventh round). Insertions alone keep
+/// `old`'s emptying ahead of `main`'s filling; updates only hasten it.
+const UPDATE_STEP: usize = 4;
 
 /// Buckets of `old` a write looks through for each entry it may move: an
 /// `old` the sweep has thinned out is emptied a bounded slice per write
@@ -106,7 +115,7 @@ impl<T> Table<T> {
     /// yet; returns it in place. Moves up to [`STEP`] entries from `old` to
     /// `main` first.
     pub(crate) fn insert(&mut self, hash: u64, value: T, hasher: impl Fn(&T) -> u64) -> &mut T {
-        self.step(&hasher);
+        self.move_step(STEP, &hasher);
         if self.main.len() == self.main.capacity() {
             if self.main.len() >= SMALL {
                 self.set_aside(&hasher);
@@ -118,14 +127,21 @@ impl<T> Table<T> {
         self.main.insert_unique(hash, value, hasher).into_mut()
     }
 
-    /// Moves up to [`STEP`] entries from `old` to `main`, if it holds any:
-    /// every write to the shard calls it, so that `old`, and the memory it
-    /// holds, lasts as few calls as possible. An `old` that the sweep
-    /// emptied is freed here, with no scan.
+    /// An update's share of the growth: moves up to [`UPDATE_STEP`]
+    /// entries from `old` to `main`, if it holds any. Every update of the
+    /// shard calls it, so that `old`, and the memory it holds, lasts as
+    /// few calls as possible. An `old` that the sweep emptied is freed
+    /// here, with no scan.
     #[inline]
     pub(crate) fn step(&mut self, hasher: impl Fn(&T) -> u64) {
+        self.move_step(UPDATE_STEP, &hasher);
+    }
+
+    /// Moves up to `n` entries from `old` to `main` (see [`step`](Self::step)).
+    #[inline]
+    fn move_step(&mut self, n: usize, hasher: &impl Fn(&T) -> u64) {
         if !self.old.is_empty() {
-            self.move_some(STEP, &hasher);
+            self.move_some(n, hasher);
         } else if self.old.allocation_size() > 0 {
             self.drop_old();
         }

@@ -35,7 +35,7 @@ fn grows_a_step_at_a_time_and_loses_nothing() {
 #[test]
 fn no_write_moves_more_than_a_step() {
     let mut table = Table::default();
-    let mut set_aside = 0;
+    let (mut set_aside, mut full_updates) = (0, 0);
     for x in 0..50_000u64 {
         let before = table.old.len();
         table.insert(hash(&x), x, hash);
@@ -48,7 +48,16 @@ fn no_write_moves_more_than_a_step() {
         } else {
             assert!(before - after <= super::STEP);
         }
+        // An update (a write that finds its key) moves fewer.
+        if x % 2 == 0 {
+            let before = table.old.len();
+            table.step(hash);
+            let moved = before - table.old.len();
+            assert!(moved <= super::UPDATE_STEP);
+            full_updates += usize::from(moved == super::UPDATE_STEP);
+        }
     }
+    assert!(full_updates > 0, "no update moved entries");
     assert!(set_aside >= 5, "{set_aside} set-asides");
     assert_eq!(table.len(), 50_000);
 }
@@ -251,7 +260,7 @@ fn a_hash_that_panics_during_a_move_loses_no_entry() {
     let calls = std::cell::Cell::new(0);
     let panics_on_fifth = |v: &u64| {
         calls.set(calls.get() + 1);
-        assert!(calls.get() != 5, "a key's hash panics");
+        assert!(calls.get() != super::UPDATE_STEP, "a key's hash panics");
         hash(v)
     };
     let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -266,7 +275,7 @@ fn a_hash_that_panics_during_a_move_loses_no_entry() {
     }
     // The next write moves them, as it would have.
     table.step(hash);
-    assert_eq!(table.old.len(), old_before - super::STEP);
+    assert_eq!(table.old.len(), old_before - super::UPDATE_STEP);
     while table.old.allocation_size() > 0 {
         table.step(hash);
     }
