@@ -213,8 +213,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// decision changes.
     ///
     /// A pass is spread over at least 8192 bucket creations (counted by a
-    /// random sample once steps are far apart) and a quarter of the buckets
-    /// the previous pass left, so the cost per created bucket is amortised
+    /// random sample once steps are far apart) and half the buckets the
+    /// previous pass left, so the cost per created bucket is amortised
     /// O(1) (a few buckets visited per creation) and no call pays for more
     /// than one slice, whatever the size of the map. Passes grow four times
     /// as long while a good share of the new buckets are for keys the sweep

@@ -16,7 +16,7 @@ use crossbeam_utils::CachePadded;
 /// one step every `pass / slices` creations, where `slices` is how many
 /// steps the previous pass took. A creation that takes a step pays for one
 /// slice, whatever the size of the map; as a pass is spread over at least
-/// a quarter of the buckets the previous one left, the cost per created
+/// half the buckets the previous one left, the cost per created
 /// bucket stays amortised O(1) (a few buckets visited per creation).
 ///
 /// A pass retires the buckets that are full at the step's timestamp and
@@ -100,8 +100,11 @@ const MIN_SWEEP_INTERVAL: usize = 1;
 /// divided by this: the sweep visits about this many buckets per creation.
 /// Below 1.5, a stream of keys each seen once would lengthen every pass
 /// (a pass leaves the creations of one pass and a half on average, all
-/// spent since the previous one started).
-const LEFT_PER_CREATION: usize = 4;
+/// spent since the previous one started). At 4, the steps were frequent
+/// enough to set the new keys' p99 at 10^6 keys, and with it the whole
+/// p99 (`benches/latency.rs`: 3.5-4.6 µs against 3.2-3.8 at 2,
+/// `BENCHMARKS.md`, eleventh round).
+const LEFT_PER_CREATION: usize = 2;
 
 /// The share of new buckets that must be for returning keys (keys the
 /// sweep evicted within the last few hundred passes, counted by sample in
@@ -359,7 +362,7 @@ impl Occupancy {
     /// times this pass's length while a good share of the new buckets are
     /// for keys the sweep evicted recently (its passes are then too short
     /// for them: evicting them only made them again), else three quarters
-    /// of it; and at least a quarter of `left` and [`MIN_SWEEP_INTERVAL`].
+    /// of it; and at least half of `left` and [`MIN_SWEEP_INTERVAL`].
     ///
     /// Keys seen once never return, so under a stream of them passes
     /// shrink to the minimum and the map to three passes' worth; keys that

@@ -28,7 +28,7 @@
 //! visits each once. A step removes only the buckets that were already
 //! full when the previous pass started (a second chance: a key called at
 //! least once a pass keeps its bucket). A pass is spread over at least
-//! `SHARDS * MIN_STEP` new keys and a quarter of those the previous pass
+//! `SHARDS * MIN_STEP` new keys and half of those the previous pass
 //! kept; it grows while the keys made are, in a good share, keys it
 //! removed recently, and shrinks otherwise (the in-memory limiter's rule,
 //! over the same ghosts of removed keys). So the sweep costs a few cell
