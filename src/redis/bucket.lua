@@ -44,7 +44,9 @@
 -- word does: exact, and never brought closer.
 --
 -- Returns {admitted (1 or 0), the word read ('' for a missing key), now
--- seconds, now nanoseconds}, or {1, the word read} from the fast path. A
+-- seconds, now nanoseconds}, or the integer 1 from the fast path, where the
+-- word read is ARGV[8], which Rust sent: an integer reply costs Redis less
+-- than an array (about 0.7 us a call on Redis 7.0, BENCHMARKS.md). A
 -- denial writes nothing.
 
 local key = KEYS[1]
@@ -55,7 +57,7 @@ end
 
 if stored == ARGV[8] then
   redis.call('SET', key, ARGV[9], 'PX', ARGV[10])
-  return {1, stored}
+  return 1
 end
 
 -- The general path: the library functions it calls more than once, read

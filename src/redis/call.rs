@@ -168,7 +168,8 @@ impl Settings {
             When::At(ns) => Some(ns),
             When::Server => None,
         };
-        let reply = script::parse(&call.key, &answer?, at)?;
+        let guessed = call.guess.map(|guess| guess.expected);
+        let reply = script::parse(&call.key, &answer?, at, guessed)?;
         let decision = gcra::decide(reply.full_at, reply.now, call.cost, &call.quota);
         if decision.is_ok() != reply.admitted {
             return Err(RedisLimiterError::reply(

@@ -131,32 +131,41 @@ pub(super) fn word(stored: &str) -> Option<Nanos> {
 }
 
 /// The script's answer as a [`Reply`], or why it is not one. `now` is
-/// the caller's timestamp, if the call had one.
+/// the caller's timestamp, if the call had one; `guessed`, the word the
+/// call's [`Guess`] expected, if it sent one.
 pub(super) fn parse(
     key: &str,
     answer: &Value,
     now: Option<Nanos>,
+    guessed: Option<Nanos>,
 ) -> Result<Reply, RedisLimiterError> {
     let shape = || RedisLimiterError::reply("expected [admitted, word, secs, nanos]");
-    let Value::Array(items) = answer else {
-        return Err(shape());
-    };
-    let (admitted, stored, server_now) = match &items[..] {
-        [admitted, stored] => (admitted, stored, None),
-        [admitted, stored, secs, nanos] => (admitted, stored, Some((secs, nanos))),
+    let items = match (answer, now, guessed) {
+        // The fast path: the key held the guessed word, and the script
+        // wrote the guess's.
+        (Value::Int(1), Some(now), Some(full_at)) => {
+            return Ok(Reply {
+                admitted: true,
+                full_at,
+                now,
+            })
+        }
+        (Value::Array(items), ..) => items,
         _ => return Err(shape()),
+    };
+    let [admitted, stored, secs, nanos] = &items[..] else {
+        return Err(shape());
     };
     let admitted: i64 = ::redis::from_redis_value(admitted).map_err(|_| shape())?;
     let stored: String = ::redis::from_redis_value(stored).map_err(|_| shape())?;
     let full_at = word(&stored).ok_or_else(|| RedisLimiterError::foreign(key))?;
-    let now = match (now, server_now) {
-        (Some(now), _) => now,
-        (None, Some((secs, nanos))) => {
+    let now = match now {
+        Some(now) => now,
+        None => {
             let secs: i64 = ::redis::from_redis_value(secs).map_err(|_| shape())?;
             let nanos: i64 = ::redis::from_redis_value(nanos).map_err(|_| shape())?;
             join(secs, nanos).ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?
         }
-        (None, None) => return Err(shape()),
     };
     Ok(Reply {
         admitted: admitted == 1,
@@ -191,6 +200,41 @@ mod tests {
         assert_eq!(join(0, 1_000_000_000), None);
         assert_eq!(join(0, -1), None);
         assert_eq!(join(i64::MAX, 0), None);
+    }
+
+    #[test]
+    fn the_fast_path_answers_with_the_guessed_word() {
+        let now = Nanos::new(1_700_000_000_123_456_789);
+        let guessed = Nanos::new(1_700_000_000_000_000_000);
+        let reply = parse("k", &Value::Int(1), Some(now), Some(guessed)).unwrap();
+        assert!(reply.admitted);
+        assert_eq!(reply.full_at, guessed);
+        assert_eq!(reply.now, now);
+        // An integer answer without a guess, or at Redis's clock, or other
+        // than 1, is not one the script gives.
+        for (answer, at, guess) in [
+            (Value::Int(1), Some(now), None),
+            (Value::Int(1), None, Some(guessed)),
+            (Value::Int(0), Some(now), Some(guessed)),
+        ] {
+            assert!(parse("k", &answer, at, guess).is_err(), "{answer:?}");
+        }
+        // The general path's answer is read whether or not a guess was sent.
+        let general = Value::Array(vec![
+            Value::Int(0),
+            Value::BulkString(b"1700000001000000000".to_vec()),
+            Value::Int(1_700_000_000),
+            Value::Int(123_456_789),
+        ]);
+        for guess in [None, Some(guessed)] {
+            let reply = parse("k", &general, None, guess).unwrap();
+            assert!(!reply.admitted);
+            assert_eq!(reply.full_at, Nanos::new(1_700_000_001_000_000_000));
+            assert_eq!(reply.now, now);
+        }
+        // The old two-item fast-path answer is no longer one.
+        let two = Value::Array(vec![Value::Int(1), Value::BulkString(Vec::new())]);
+        assert!(parse("k", &two, Some(now), Some(guessed)).is_err());
     }
 
     #[test]
