@@ -17,6 +17,7 @@
 //! nothing to check, and the models keep the pacing they had.
 
 use crate::sync::unmodeled::{AtomicU32, AtomicUsize, Relaxed};
+use std::sync::OnceLock;
 
 /// One eviction in this many is recorded, and one creation in this many
 /// counted. Rare enough that a million keys evicted between two calls of
@@ -26,7 +27,8 @@ use crate::sync::unmodeled::{AtomicU32, AtomicUsize, Relaxed};
 /// about 32 of them.
 const SAMPLE: u64 = 256;
 
-/// Ghost slots: 16 KiB per limiter.
+/// Ghost slots: 16 KiB per limiter, allocated on its first recorded
+/// eviction (a limiter that never evicts, or has not yet, carries none).
 const SLOTS: usize = 4096;
 
 /// Bits of a slot that hold the pass number (the rest hold the key's
@@ -44,8 +46,11 @@ pub(crate) struct Ghosts {
     /// Per slot: a recorded key's fingerprint above `PASS_BITS` bits of
     /// the pass number that evicted it; 0 when never written (and ignored:
     /// a key of fingerprint 0 evicted in a pass numbered 0 modulo 4096 is
-    /// a return missed, rare and harmless).
-    slots: Box<[AtomicU32]>,
+    /// a return missed, rare and harmless). Allocated by the first
+    /// [`evicted`](Self::evicted): until then no key can be a return.
+    /// (A `OnceLock` under loom too: its one-time allocation does no
+    /// modelled operation, so loom never switches threads inside it.)
+    slots: OnceLock<Box<[AtomicU32]>>,
     /// The pass the automatic sweep is in: passes ended so far (wrapping).
     pass: AtomicU32,
     /// New buckets counted (one in [`SAMPLE`]) since the pacing last read
@@ -75,7 +80,7 @@ fn counted(hash: u64) -> bool {
 impl Ghosts {
     pub(crate) fn new() -> Self {
         Ghosts {
-            slots: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
+            slots: OnceLock::new(),
             pass: AtomicU32::new(0),
             watched: AtomicUsize::new(0),
             returned: AtomicUsize::new(0),
@@ -90,7 +95,10 @@ impl Ghosts {
         // Relaxed, here and below: a ghost only paces the sweep (module
         // docs); a stale pass number misdates it by one pass.
         let tag = self.pass.load(Relaxed) & PASS_MASK;
-        self.slots[slot].store(fingerprint | tag, Relaxed);
+        let slots = self
+            .slots
+            .get_or_init(|| (0..SLOTS).map(|_| AtomicU32::new(0)).collect());
+        slots[slot].store(fingerprint | tag, Relaxed);
     }
 
     /// Whether the sweep records this eviction: one in [`SAMPLE`], at
@@ -111,9 +119,13 @@ impl Ghosts {
         if counted(hash) {
             self.counted();
         }
+        // No eviction recorded yet: no ghost to match.
+        let Some(slots) = self.slots.get() else {
+            return;
+        };
         let (slot, fingerprint) = ghost_of(hash);
         // Relaxed: counts for the pacing only (module docs).
-        let ghost = self.slots[slot].load(Relaxed);
+        let ghost = slots[slot].load(Relaxed);
         if ghost & !PASS_MASK == fingerprint {
             self.returned(ghost);
         }
@@ -186,6 +198,19 @@ mod tests {
         assert_eq!(ghosts.end_pass(), (0, 1), "a return, not counted");
         ghosts.created(hash(11, 0, false));
         assert_eq!(ghosts.end_pass(), (1, 0), "a slot never written");
+    }
+
+    #[test]
+    fn the_slots_come_with_the_first_eviction() {
+        let ghosts = Ghosts::new();
+        let key = hash(3, 0x54321, false);
+        ghosts.created(key);
+        assert!(ghosts.slots.get().is_none(), "a creation allocates nothing");
+        assert_eq!(ghosts.end_pass(), (1, 0), "counted with no slots");
+        ghosts.evicted(key);
+        assert_eq!(ghosts.slots.get().map(|slots| slots.len()), Some(SLOTS));
+        ghosts.created(key);
+        assert_eq!(ghosts.end_pass(), (1, 1));
     }
 
     #[test]
