@@ -29,8 +29,13 @@ enum Case {
     AdmitFast,
     /// Admitted, existing key, caller timestamps, mirror off: general path.
     AdmitGeneral,
-    /// Admitted, existing key, at `Now`.
+    /// Admitted, existing key, at `Now` (mirror off, bucket full at each
+    /// call: the general path).
     AdmitNow,
+    /// Admitted, existing key, at `Now`, mirror on, the bucket not full at
+    /// any call (1 ms of refill spent a call): the fast path at Redis's
+    /// clock.
+    AdmitNowFast,
     /// Denied, existing key, caller timestamps (mirror off, so it reaches Redis).
     Denied,
     /// Denied, existing key, at `Now` (mirror off).
@@ -51,7 +56,7 @@ enum Case {
     CompoundDenied,
 }
 
-const CASES: [(Case, &str); 11] = [
+const CASES: [(Case, &str); 12] = [
     (
         Case::AdmitFast,
         "admitted, existing key, caller time (fast path)",
@@ -61,6 +66,10 @@ const CASES: [(Case, &str); 11] = [
         "admitted, existing key, caller time, no mirror",
     ),
     (Case::AdmitNow, "admitted, existing key, Now"),
+    (
+        Case::AdmitNowFast,
+        "admitted, existing key, Now, not full (fast path)",
+    ),
     (Case::Denied, "denied, caller time"),
     (Case::DeniedNow, "denied, Now"),
     (Case::NewFast, "new key, caller time (fast path)"),
@@ -127,19 +136,29 @@ async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Er
     let admit = Quota::new(1e9, 1 << 40)?;
     let deny = Quota::new(1e-6, 1)?;
     let denying = matches!(case, Case::Denied | Case::DeniedNow | Case::CompoundDenied);
-    let mirror = matches!(case, Case::AdmitFast | Case::NewFast);
+    let mirror = matches!(case, Case::AdmitFast | Case::NewFast | Case::AdmitNowFast);
+    // 1 ms a token, and room for a billion: a bucket that stays behind.
+    let behind = Quota::new(1000.0, 1_000_000_000)?;
     let is_compound = matches!(
         case,
         Case::CompoundTwoQuotas | Case::CompoundThreeScopes | Case::CompoundDenied
     );
-    let mut limiter = RedisLimiter::connect(url, if denying { deny } else { admit })
+    let quota = match case {
+        _ if denying => deny,
+        Case::AdmitNowFast => behind,
+        _ => admit,
+    };
+    let mut limiter = RedisLimiter::connect(url, quota)
         .await?
         .with_prefix(format!("keyrate-cost:{tag}:"))
         .with_hash_tag(is_compound);
     if !mirror {
         limiter = limiter.with_mirror_capacity(0);
     }
-    let now_case = matches!(case, Case::AdmitNow | Case::DeniedNow | Case::NewNow);
+    let now_case = matches!(
+        case,
+        Case::AdmitNow | Case::AdmitNowFast | Case::DeniedNow | Case::NewNow
+    );
     let new_key = matches!(case, Case::NewFast | Case::NewGeneral | Case::NewNow);
     // Load the script and create the existing key (spent to empty when
     // denying).

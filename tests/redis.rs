@@ -283,6 +283,76 @@ async fn ttl_is_the_time_until_full() {
     assert!(3000 < ttl && ttl <= 3_600_000, "PTTL {ttl}");
 }
 
+/// At Redis's clock, an admission on a key whose word the mirror knows and
+/// whose bucket is not full takes the script's fast path (the new word is
+/// the old one plus the spend, whatever the instant): its expiry is still
+/// the instant the bucket is full again.
+#[tokio::test]
+async fn at_redis_clock_the_ttl_is_the_time_until_full() {
+    // 100 s per token; no floor: the TTL is exactly the time to full.
+    let l = limiter("ttl_now", quota(0.01, 3))
+        .await
+        .with_min_ttl(Duration::ZERO);
+    let mut conn = raw(&url()).await;
+    let key = l.bucket_key("k");
+    // `PXAT` is the word rounded up to the millisecond, and Redis counts
+    // PTTL from its clock's whole millisecond: up to 1 ms over.
+    // A missing key: the general path.
+    assert_eq!(decided(l.check("k", Now, 1).await), Ok(2));
+    let ttl = pttl(&mut conn, &key).await;
+    assert!(0 < ttl && ttl <= 100_001, "PTTL {ttl}, full in 100 s");
+    // The word the mirror learned, not full: the fast path.
+    assert_eq!(decided(l.check("k", Now, 1).await), Ok(1));
+    let ttl = pttl(&mut conn, &key).await;
+    assert!(100_000 < ttl && ttl <= 200_001, "PTTL {ttl}, full in 200 s");
+    let word = get(&mut conn, &key).await;
+    assert!(decided(l.check("k", Now, 2).await).is_err());
+    assert_eq!(get(&mut conn, &key).await, word, "a denial writes nothing");
+    assert_eq!(decided(l.check("k", Now, 1).await), Ok(0));
+    let ttl = pttl(&mut conn, &key).await;
+    assert!(200_000 < ttl && ttl <= 300_001, "PTTL {ttl}, full in 300 s");
+    // Each admission added exactly its spend to the word: 100 s a token
+    // after the first spend's instant.
+    let word: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
+    assert!(!l.allow("k", Now).await);
+    assert_eq!(
+        get(&mut conn, &key).await.unwrap().parse::<u64>().unwrap(),
+        word
+    );
+
+    // A floor raises the fast path's expiry too (to the hour `limiter`
+    // sets).
+    let floored = limiter("ttl_now_floor", quota(1.0, 3)).await;
+    for _ in 0..2 {
+        assert!(floored.allow("k", Now).await);
+    }
+    let ttl = pttl(&mut conn, &floored.bucket_key("k")).await;
+    assert!(3000 < ttl && ttl <= 3_600_000, "PTTL {ttl}");
+}
+
+/// At Redis's clock, a bucket that has refilled since the word the mirror
+/// knows spends from Redis's instant, not from that word (the script's
+/// fast path does not apply to a full bucket).
+#[tokio::test]
+async fn at_redis_clock_a_refilled_bucket_spends_from_now() {
+    // 1 ms a token: full again 1 ms after a spend. The hour's TTL floor
+    // keeps the key.
+    let l = limiter("now_refilled", quota(1000.0, 3)).await;
+    let mut conn = raw(&url()).await;
+    let key = l.bucket_key("k");
+    for round in 0..3 {
+        assert!(l.allow("k", Now).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = redis_time(&mut conn).await.as_nanos() as u64;
+        assert!(l.allow("k", Now).await);
+        let word: u64 = get(&mut conn, &key).await.unwrap().parse().unwrap();
+        assert!(
+            word >= before + 1_000_000,
+            "round {round}: word {word}, spent from before Redis's {before}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn idle_keys_vanish_when_full() {
     let l = limiter("vanish", quota(1000.0, 2)).await;

@@ -23,16 +23,30 @@
 -- ARGV[4]  spend, nanoseconds part
 -- ARGV[5]  slack (window - spend), seconds part
 -- ARGV[6]  slack, nanoseconds part
--- ARGV[7]  the least TTL a written key gets, in milliseconds
+-- ARGV[7]  the least TTL a written key gets, in milliseconds (at least 1
+--          from this version of Rust; earlier ones sent 0)
 --
--- With the caller's time, Rust may add its guess of the stored word (from
--- its mirror, or '' for a missing key) and what to write if it is right:
+-- Rust may add its guess of the stored word (from its mirror, or '' for a
+-- missing key) and what to write if it is right:
 -- ARGV[8]  the word Rust expects ('' for a missing key)
--- ARGV[9]  the new word, `gcra::decide` on the expected word
--- ARGV[10] its TTL in milliseconds (the floor and the 1 ms minimum applied)
--- When the key holds exactly ARGV[8], the script writes ARGV[9] with no
--- arithmetic and no conversion at all (the fast path); otherwise it
--- decides below.
+-- ARGV[9]  the new word
+-- ARGV[10] with the caller's time, the new word's TTL in milliseconds (the
+--          floor and the 1 ms minimum applied); at Redis's clock, the new
+--          word rounded up to the millisecond, for PXAT
+-- At Redis's clock, also, in microseconds of Unix time (TIME's
+-- resolution, so each is exact and below 2^53 in a double):
+-- ARGV[11] the least instant at which the call is admitted
+-- ARGV[12] the last instant at which the bucket is not yet full
+-- ARGV[13] the last instant at which ARGV[10] is not below the floor
+--          (-1 if none)
+-- With the caller's time, ARGV[9] is `gcra::decide` on the expected word:
+-- when the key holds exactly ARGV[8], the script writes ARGV[9] with no
+-- arithmetic and no conversion at all (the fast path). At Redis's clock
+-- (Redis 7 only), ARGV[9] is the expected word plus the spend: the new
+-- word whenever the call is admitted and the bucket is not full at Redis's
+-- instant (the expected word is after it), which hold exactly when the
+-- instant is within [ARGV[11], ARGV[12]]; the script compares, and writes
+-- with no other arithmetic. Otherwise it decides below.
 --
 -- Expiry, with no read of the old TTL. With the caller's time the key
 -- gets `PX` = new word - now (rounded up to the ms, at least the floor and
@@ -44,10 +58,11 @@
 -- word does: exact, and never brought closer.
 --
 -- Returns {admitted (1 or 0), the word read ('' for a missing key), now
--- seconds, now nanoseconds}, or the integer 1 from the fast path, where the
--- word read is ARGV[8], which Rust sent: an integer reply costs Redis less
--- than an array (about 0.7 us a call on Redis 7.0, BENCHMARKS.md). A
--- denial writes nothing.
+-- seconds, now nanoseconds}; from the fast path, where the word read is
+-- ARGV[8], which Rust sent, the integer 1 with the caller's time (an
+-- integer reply costs Redis less than an array: about 0.6 us a call on
+-- Redis 7.0, docs/redis.md) and TIME's own reply {seconds, microseconds}
+-- at Redis's clock. A denial writes nothing.
 
 local key = KEYS[1]
 local stored = redis.call('GET', key)
@@ -55,25 +70,45 @@ if not stored then
   stored = ''
 end
 
+local server = ARGV[1] == 'time'
+-- Redis's instant, once read.
+local t
 if stored == ARGV[8] then
-  redis.call('SET', key, ARGV[9], 'PX', ARGV[10])
-  return 1
+  if not server then
+    redis.call('SET', key, ARGV[9], 'PX', ARGV[10])
+    return 1
+  end
+  if redis.REDIS_VERSION_NUM then
+    t = redis.call('TIME')
+    local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    if now_us >= tonumber(ARGV[11]) and now_us <= tonumber(ARGV[12]) then
+      if now_us <= tonumber(ARGV[13]) then
+        redis.call('SET', key, ARGV[9], 'PXAT', ARGV[10])
+      else
+        -- The floor is later: the least TTL from Redis's millisecond
+        -- (as PXAT at the floor, or later by the time the script took).
+        redis.call('SET', key, ARGV[9], 'PX', ARGV[7])
+      end
+      return t
+    end
+  end
 end
 
 -- The general path: the library functions it calls more than once, read
 -- from the globals once (each global read is a table lookup per call).
 local tonumber, sub, find, format, call = tonumber, string.sub, string.find, string.format, redis.call
 
-local server = ARGV[1] == 'time'
 local now_s, now_n
-if server then
+if t then
+  now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
+elseif server then
   -- Redis < 7 replicates scripts verbatim unless told to replicate their
   -- effects, and refuses a write after TIME in that mode. Redis 7 (which
   -- has REDIS_VERSION_NUM) always replicates effects.
   if not redis.REDIS_VERSION_NUM then
     redis.replicate_commands()
   end
-  local t = call('TIME')
+  t = call('TIME')
   now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
   now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])

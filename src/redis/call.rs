@@ -123,14 +123,17 @@ impl Settings {
             }
         }
         let mut guess = None;
-        if let When::At(ns) = now {
-            if spend > Nanos::ZERO {
-                // However old, the bound is the likeliest stored word.
-                let expected = guessed.unwrap_or(Nanos::ZERO);
-                if let Ok(word) = gcra::decide(expected, ns, cost, quota) {
-                    guess = Some(Guess::new(expected, word, ns, self.min_ttl_ms));
+        if spend > Nanos::ZERO {
+            // However old, the bound is the likeliest stored word.
+            let expected = guessed.unwrap_or(Nanos::ZERO);
+            guess = match now {
+                When::At(ns) => gcra::decide(expected, ns, cost, quota)
+                    .ok()
+                    .map(|word| Guess::new(expected, word, ns, self.min_ttl_ms)),
+                When::Server => {
+                    Guess::at_server(expected, spend, quota.window() - spend, self.min_ttl_ms)
                 }
-            }
+            };
         }
         let call = Call {
             key,

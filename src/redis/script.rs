@@ -84,37 +84,116 @@ pub(super) fn arguments(
         .arg(spend_nanos)
         .arg(slack_secs)
         .arg(slack_nanos)
-        .arg(min_ttl_ms);
+        // At least 1 ms: the script's fast path at Redis's clock passes it
+        // to `PX` as it is.
+        .arg(min_ttl_ms.max(1));
     if let Some(guess) = guess {
         match guess.expected {
             Nanos::ZERO => invocation.arg(""),
             word => invocation.arg(word.as_u64()),
         };
-        invocation.arg(guess.word.as_u64()).arg(guess.ttl_ms);
+        invocation.arg(guess.word.as_u64()).arg(guess.expiry_ms);
+        if let Some(within) = guess.server {
+            invocation
+                .arg(within.admitted_from_us)
+                .arg(within.not_full_until_us)
+                .arg(within.expiry_until_us.map_or(-1, |us| us as i64));
+        }
     }
 }
 
-/// What the script writes, with no arithmetic, if the key holds `expected`.
+/// What the script writes, with no arithmetic, if the key holds `expected`
+/// (and, at Redis's clock, if the call is admitted with the bucket not yet
+/// full: see [`Guess::at_server`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Guess {
     /// The word Rust expects the key to hold (0: no key).
     pub(super) expected: Nanos,
     /// `gcra::decide` on `expected`: the word to write.
     pub(super) word: Nanos,
-    /// The key's TTL: the time from `now` until `word`, in whole
-    /// milliseconds rounded up, at least the floor and at least 1 ms.
-    pub(super) ttl_ms: u64,
+    /// With the caller's time, the key's TTL: the time from `now` until
+    /// `word`, in whole milliseconds rounded up, at least the floor and at
+    /// least 1 ms. At Redis's clock, the instant `word` rounded up to the
+    /// millisecond, for `PXAT` (the script raises it to its floor).
+    pub(super) expiry_ms: u64,
+    /// At Redis's clock, the instants at which `word` is the call's.
+    pub(super) server: Option<Within>,
 }
 
+/// The instants of Redis's clock, in whole microseconds of Unix time (the
+/// resolution of `TIME`), at which a [`Guess::at_server`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Within {
+    /// From this instant on, the call is admitted: `expected <= now + slack`.
+    pub(super) admitted_from_us: u64,
+    /// Until this instant, the bucket is not full: `now < expected`, so the
+    /// new word is `expected + spend`.
+    pub(super) not_full_until_us: u64,
+    /// Until this instant the floor does not raise `expiry_ms` (`None`:
+    /// it always does); after it, the script computes the floor.
+    pub(super) expiry_until_us: Option<u64>,
+}
+
+/// Instants in microseconds at or above this are not exact in a Lua
+/// double (2^53 µs: the year 2255).
+const LUA_EXACT_US: u64 = 1 << 53;
+
 impl Guess {
+    /// The guess of a call at the caller's instant `now`: `word` is
+    /// `gcra::decide` on `expected` at `now`.
     pub(super) fn new(expected: Nanos, word: Nanos, now: Nanos, min_ttl_ms: u64) -> Self {
         let missing = word.saturating_sub(now).as_u64();
         let ttl_ms = missing.div_ceil(1_000_000).max(min_ttl_ms).max(1);
         Guess {
             expected,
             word,
-            ttl_ms,
+            expiry_ms: ttl_ms,
+            server: None,
         }
+    }
+
+    /// The guess of a call at Redis's clock, whose instant Rust does not
+    /// know, spending `spend` (of a bucket whose slack is `slack`, the
+    /// window less the spend) from a bucket expected to hold `expected`:
+    /// while the bucket is not full (`expected` after Redis's instant), the
+    /// new word is `expected + spend` whatever the instant, so the script
+    /// only compares its instant with the bounds of [`Within`]. `None` for
+    /// a missing key (its new word depends on the instant), or instants
+    /// too far off for a Lua double.
+    pub(super) fn at_server(
+        expected: Nanos,
+        spend: Nanos,
+        slack: Nanos,
+        min_ttl_ms: u64,
+    ) -> Option<Self> {
+        if expected == Nanos::ZERO {
+            return None;
+        }
+        let word = expected.as_u64().checked_add(spend.as_u64())?;
+        let expiry_ms = word.div_ceil(1_000_000);
+        // `TIME` gives now = now_us * 1000 ns exactly, so: admitted when
+        // now_us * 1000 >= expected - slack, not full while
+        // now_us * 1000 < expected.
+        let admitted_from_us = expected.saturating_sub(slack).as_u64().div_ceil(1_000);
+        let not_full_until_us = expected.as_u64().div_ceil(1_000) - 1;
+        // The floor, floor(now_us / 1000) + max(min_ttl, 1), is at most
+        // expiry_ms while floor(now_us / 1000) <= expiry_ms - that.
+        let expiry_until_us = expiry_ms
+            .checked_sub(min_ttl_ms.max(1))
+            .and_then(|ms| ms.checked_mul(1_000)?.checked_add(999));
+        if not_full_until_us >= LUA_EXACT_US || expiry_ms >= LUA_EXACT_US {
+            return None;
+        }
+        Some(Guess {
+            expected,
+            word: Nanos::new(word),
+            expiry_ms,
+            server: Some(Within {
+                admitted_from_us,
+                not_full_until_us,
+                expiry_until_us: expiry_until_us.map(|us| us.min(LUA_EXACT_US - 1)),
+            }),
+        })
     }
 }
 
@@ -149,6 +228,21 @@ pub(super) fn parse(
                 full_at,
                 now,
             })
+        }
+        // The fast path at Redis's clock: its `TIME`, seconds and
+        // microseconds.
+        (Value::Array(items), None, Some(full_at)) if items.len() == 2 => {
+            let secs: i64 = ::redis::from_redis_value(&items[0]).map_err(|_| shape())?;
+            let micros: i64 = ::redis::from_redis_value(&items[1]).map_err(|_| shape())?;
+            let now = micros
+                .checked_mul(1_000)
+                .and_then(|nanos| join(secs, nanos))
+                .ok_or_else(|| RedisLimiterError::reply("bad time limbs"))?;
+            return Ok(Reply {
+                admitted: true,
+                full_at,
+                now,
+            });
         }
         (Value::Array(items), ..) => items,
         _ => return Err(shape()),
@@ -235,6 +329,68 @@ mod tests {
         // The old two-item fast-path answer is no longer one.
         let two = Value::Array(vec![Value::Int(1), Value::BulkString(Vec::new())]);
         assert!(parse("k", &two, Some(now), Some(guessed)).is_err());
+    }
+
+    #[test]
+    fn the_fast_path_at_redis_clock_answers_with_its_time() {
+        let guessed = Nanos::new(1_700_000_001_000_000_000);
+        let time = |secs: &str, micros: &str| {
+            Value::Array(vec![
+                Value::BulkString(secs.as_bytes().to_vec()),
+                Value::BulkString(micros.as_bytes().to_vec()),
+            ])
+        };
+        let reply = parse("k", &time("1700000000", "123456"), None, Some(guessed)).unwrap();
+        assert!(reply.admitted);
+        assert_eq!(reply.full_at, guessed);
+        assert_eq!(reply.now, Nanos::new(1_700_000_000_123_456_000));
+        // Only a call at Redis's clock that sent a guess gets this answer;
+        // and TIME's microseconds are below a second.
+        assert!(parse("k", &time("1700000000", "123456"), None, None).is_err());
+        let now = Some(Nanos::new(1));
+        assert!(parse("k", &time("1700000000", "123456"), now, Some(guessed)).is_err());
+        assert!(parse("k", &time("1700000000", "1000000"), None, Some(guessed)).is_err());
+        assert!(parse("k", &time("-1", "0"), None, Some(guessed)).is_err());
+    }
+
+    #[test]
+    fn a_guess_at_redis_clock_adds_the_spend() {
+        let spend = Nanos::new(2_500_000);
+        let slack = Nanos::new(10_000_000_001);
+        let expected = Nanos::new(1_000_000_000_000_001);
+        let guess = Guess::at_server(expected, spend, slack, 0).unwrap();
+        assert_eq!(guess.word, Nanos::new(1_000_000_002_500_001));
+        // PXAT: the new word rounded up to the millisecond.
+        assert_eq!(guess.expiry_ms, 1_000_000_003);
+        let within = guess.server.unwrap();
+        // Each bound is the exact one, on TIME's microseconds (now =
+        // now_us * 1000 ns): admitted from expected - slack =
+        // 999,990,000,000,000 ns; not full while now < expected.
+        let at = |us: u64| Nanos::new(us * 1_000);
+        assert_eq!(within.admitted_from_us, 999_990_000_000);
+        assert!(at(within.admitted_from_us) + slack >= expected);
+        assert!(at(within.admitted_from_us - 1) + slack < expected);
+        assert_eq!(within.not_full_until_us, 1_000_000_000_000);
+        assert!(at(within.not_full_until_us) < expected);
+        assert!(at(within.not_full_until_us + 1) >= expected);
+        // With no floor (1 ms at least): floor(now_us / 1000) + 1 <= 1e9 + 3.
+        assert_eq!(within.expiry_until_us, Some(1_000_000_002_999));
+        let floored = Guess::at_server(expected, spend, slack, 5_000).unwrap();
+        assert_eq!(
+            floored.server.unwrap().expiry_until_us,
+            Some(999_995_003_999)
+        );
+        let never = Guess::at_server(expected, spend, slack, u64::MAX).unwrap();
+        assert_eq!(never.server.unwrap().expiry_until_us, None);
+        // A slack beyond the word: admitted at every instant.
+        let early = Guess::at_server(expected, spend, Nanos::new(u64::MAX), 0).unwrap();
+        assert_eq!(early.server.unwrap().admitted_from_us, 0);
+        // A missing key's new word depends on the instant; no guess, nor
+        // for a word that would overflow or an instant past a double's
+        // exact range.
+        assert!(Guess::at_server(Nanos::ZERO, spend, slack, 0).is_none());
+        assert!(Guess::at_server(Nanos::new(u64::MAX - 1), spend, slack, 0).is_none());
+        assert!(Guess::at_server(Nanos::new(1 << 63), spend, slack, 0).is_none());
     }
 
     #[test]
