@@ -219,9 +219,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// than one slice, whatever the size of the map. Passes grow four times
     /// as long while a good share of the new buckets are for keys the sweep
     /// evicted in the last few hundred passes (watched on a sample of one
-    /// key in 256, 16 KiB per limiter from its first eviction), so keys that come back are kept,
-    /// however far apart their calls; they shrink by a quarter a pass
-    /// otherwise.
+    /// key in 256, 16 KiB per limiter from its first eviction), so keys
+    /// that come back are kept, however far apart their calls; they shrink
+    /// by a quarter a pass otherwise.
     ///
     /// Memory: every bucket held was spent within the current pass and the
     /// two before it, or within one [`refill_time`](Quota::refill_time)

@@ -98,10 +98,7 @@ end
 -- from the globals once (each global read is a table lookup per call).
 local tonumber, sub, find, format, call = tonumber, string.sub, string.find, string.format, redis.call
 
-local now_s, now_n
-if t then
-  now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
-elseif server then
+if server and not t then
   -- Redis < 7 replicates scripts verbatim unless told to replicate their
   -- effects, and refuses a write after TIME in that mode. Redis 7 (which
   -- has REDIS_VERSION_NUM) always replicates effects.
@@ -109,6 +106,9 @@ elseif server then
     redis.replicate_commands()
   end
   t = call('TIME')
+end
+local now_s, now_n
+if server then
   now_s, now_n = tonumber(t[1]), tonumber(t[2]) * 1000
 else
   now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])

@@ -218,7 +218,7 @@ pub(super) fn parse(
     now: Option<Nanos>,
     guessed: Option<Nanos>,
 ) -> Result<Reply, RedisLimiterError> {
-    let shape = || RedisLimiterError::reply("expected [admitted, word, secs, nanos]");
+    let shape = || RedisLimiterError::reply("not an answer the decision script gives");
     let items = match (answer, now, guessed) {
         // The fast path: the key held the guessed word, and the script
         // wrote the guess's.
