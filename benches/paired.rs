@@ -294,11 +294,12 @@ fn main() {
         })
         .collect();
     if let Ok(which) = std::env::var("KEYRATE_PAIRED_PROFILE") {
-        profile(
-            &scenarios,
-            rounds,
-            which.parse().expect("a competitor's column"),
-        );
+        let which = which.parse().expect("a competitor's column");
+        // Only compound scenarios asked for: their own columns.
+        match scenarios.is_empty() {
+            true => compound::profile_compound(rounds, which),
+            false => profile(&scenarios, rounds, which),
+        }
         return;
     }
     // Caller time handed out so far: every slice takes a fresh stretch.

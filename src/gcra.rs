@@ -283,7 +283,7 @@ impl Quota {
 
     /// Whole tokens held by a bucket lacking `missing` of refill.
     #[inline]
-    fn tokens_with(&self, missing: Nanos) -> u64 {
+    pub(crate) fn tokens_with(&self, missing: Nanos) -> u64 {
         // window = capacity * interval, so this is at most capacity.
         self.window.saturating_sub(missing) / self.interval
     }

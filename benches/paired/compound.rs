@@ -21,24 +21,53 @@ fn build_compound(spec: Spec, table: &Arc<[String]>) -> Vec<Box<dyn Slice>> {
     ]
 }
 
+/// The compound scenarios, by name: spec, keys and pick.
+const SCENARIOS: [(&str, Spec, usize, Pick); 2] = [
+    (
+        "compound: spread 100000 keys",
+        Spec::ADMIT,
+        100_000,
+        Pick::Spread(100_000),
+    ),
+    (
+        "compound: 1 hammered key, denied",
+        Spec::DENY,
+        1,
+        Pick::Rotate(1),
+    ),
+];
+
+/// The compound scenarios asked for by `KEYRATE_PAIRED_ONLY` (all without).
+fn chosen() -> impl Iterator<Item = (&'static str, Spec, usize, Pick)> {
+    let only = std::env::var("KEYRATE_PAIRED_ONLY").ok();
+    SCENARIOS.into_iter().filter(move |(name, ..)| {
+        only.as_ref()
+            .map_or(true, |only| name.contains(only.as_str()))
+    })
+}
+
+/// `KEYRATE_PAIRED_PROFILE=N` for the compound scenarios: competitor `N`
+/// of [`build_compound`] alone, one thread, `rounds` slices, timing
+/// nothing (see the main harness's `profile`).
+pub(crate) fn profile_compound(rounds: usize, which: usize) {
+    let sim = AtomicU64::new(1_000_000_000);
+    for (_, spec, keys, pick) in chosen() {
+        let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
+        let competitor = build_compound(spec, &table).swap_remove(which);
+        competitor.warm(
+            keys,
+            sim.fetch_add(keys as u64 * STEP_NS + 1_000_000_000, Relaxed),
+        );
+        for _ in 0..rounds {
+            let base = sim.fetch_add(SLICE * STEP_NS + 1_000_000_000, Relaxed);
+            competitor.slice(1, pick, base, keys);
+        }
+    }
+}
+
 /// The compound scenarios: every competitor warmed on the keys, then
 /// paired rounds at 1 and 2 threads.
 pub(crate) fn compound(rounds: usize, sim: &AtomicU64) {
-    let scenarios = [
-        (
-            "compound: spread 100000 keys",
-            Spec::ADMIT,
-            100_000,
-            Pick::Spread(100_000),
-        ),
-        (
-            "compound: 1 hammered key, denied",
-            Spec::DENY,
-            1,
-            Pick::Rotate(1),
-        ),
-    ];
-    let only = std::env::var("KEYRATE_PAIRED_ONLY").ok();
     let competitor: Option<usize> = std::env::var("KEYRATE_PAIRED_COMPETITOR")
         .ok()
         .and_then(|i| i.parse().ok());
@@ -50,13 +79,7 @@ pub(crate) fn compound(rounds: usize, sim: &AtomicU64) {
          time 3 scopes / 3 sequential |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, spec, keys, pick) in scenarios {
-        if only
-            .as_ref()
-            .is_some_and(|only| !name.contains(only.as_str()))
-        {
-            continue;
-        }
+    for (name, spec, keys, pick) in chosen() {
         let table: Arc<[String]> = (0..keys as u64).map(api_key).collect();
         for threads in [1, 2] {
             // New limiters for each thread count, as in the main table.

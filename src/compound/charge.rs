@@ -53,9 +53,13 @@ pub(super) fn charge_words<const N: usize>(
     cost: u64,
 ) -> Result<CompoundDecision, CompoundDenial> {
     let mut next = *words;
-    for (word, q) in next.iter_mut().zip(policy.quotas()) {
+    let mut least = decide::Least::new(now);
+    for (quota, (word, q)) in next.iter_mut().zip(policy.quotas()).enumerate() {
         match crate::gcra::decide(*word, now, cost, q) {
-            Ok(spent) => *word = spent,
+            Ok(spent) => {
+                *word = spent;
+                least.add(0, quota, q, spent);
+            }
             Err(_) => {
                 decide::verdict(std::iter::once((0, &*words, policy)), now, cost)?;
                 unreachable!("a quota that denies makes the verdict a denial");
@@ -63,7 +67,7 @@ pub(super) fn charge_words<const N: usize>(
         }
     }
     *words = next;
-    Ok(decide::summary(std::iter::once((0, &*words, policy)), now))
+    Ok(least.decision())
 }
 
 /// Charges one scope's words inline in its map entry (under the shard's

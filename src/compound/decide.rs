@@ -24,6 +24,9 @@ pub(crate) fn check_costs<'a>(
     cost: u64,
 ) -> Result<(), CompoundDenial> {
     for (scope, policy) in policies.enumerate() {
+        if cost <= policy.least_capacity() {
+            continue;
+        }
         for (quota, q) in policy.quotas().iter().enumerate() {
             if let Err(Denial::ExceedsCapacity { cost, capacity }) = gcra::spend_for(cost, q) {
                 return Err(CompoundDenial::ExceedsCapacity {
@@ -101,32 +104,76 @@ pub(crate) fn summary<'a, W: AsRef<[Nanos]> + ?Sized + 'a>(
     scopes: impl Iterator<Item = (usize, &'a W, &'a Policy)>,
     now: Nanos,
 ) -> CompoundDecision {
-    // The least so far, as (remaining, scope, quota, its quota and word);
-    // scopes come in any order, so a tie goes to the lower index.
-    let mut least: Option<(u64, usize, usize, &gcra::Quota, Nanos)> = None;
-    let mut reset_after = Nanos::ZERO;
+    let mut least = Least::new(now);
     for (scope, words, policy) in scopes {
         for (quota, (q, &word)) in policy.quotas().iter().zip(words.as_ref()).enumerate() {
-            let remaining = gcra::tokens_at(word, now, q);
-            reset_after = reset_after.max(word.saturating_sub(now));
-            let less = least.map_or(true, |(r, s, i, _, _)| {
-                remaining < r || (remaining == r && (scope, quota) < (s, i))
-            });
-            if less {
-                least = Some((remaining, scope, quota, q, word));
-            }
+            least.add(scope, quota, q, word);
         }
     }
-    let (remaining, scope, quota, q, word) =
-        least.expect("a call has a scope, and a policy a quota");
-    CompoundDecision {
-        remaining,
-        limit: q.capacity(),
-        scope,
-        quota: quota as u8,
-        reset_after,
-        quota_reset_after: word.saturating_sub(now),
-        degraded: false,
+    least.decision()
+}
+
+/// The [`summary`] of an admitted call, one spent word at a time.
+pub(crate) struct Least {
+    now: Nanos,
+    /// The least remaining so far, its `(scope, quota)`, that quota's
+    /// capacity and its word's missing refill (`remaining` is `u64::MAX`
+    /// before the first word: a quota holds at most its capacity, below
+    /// 2^63).
+    remaining: u64,
+    scope: usize,
+    quota: usize,
+    limit: u64,
+    missing: Nanos,
+    /// The latest refill so far.
+    reset_after: Nanos,
+}
+
+impl Least {
+    #[inline]
+    pub(crate) fn new(now: Nanos) -> Self {
+        Least {
+            now,
+            remaining: u64::MAX,
+            scope: 0,
+            quota: 0,
+            limit: 0,
+            missing: Nanos::ZERO,
+            reset_after: Nanos::ZERO,
+        }
+    }
+
+    /// Counts quota `quota` (`q`) of scope `scope`, whose word is now
+    /// `word`. Scopes come in any order, so a tie goes to the lower index.
+    #[inline]
+    pub(crate) fn add(&mut self, scope: usize, quota: usize, q: &gcra::Quota, word: Nanos) {
+        let missing = word.saturating_sub(self.now);
+        self.reset_after = self.reset_after.max(missing);
+        let remaining = q.tokens_with(missing);
+        if remaining < self.remaining
+            || (remaining == self.remaining && (scope, quota) < (self.scope, self.quota))
+        {
+            (self.remaining, self.scope, self.quota) = (remaining, scope, quota);
+            (self.limit, self.missing) = (q.capacity(), missing);
+        }
+    }
+
+    /// The decision, once every quota of every scope was added.
+    #[inline]
+    pub(crate) fn decision(self) -> CompoundDecision {
+        debug_assert!(
+            self.remaining < u64::MAX,
+            "a call has a scope, and a policy a quota"
+        );
+        CompoundDecision {
+            remaining: self.remaining,
+            limit: self.limit,
+            scope: self.scope,
+            quota: self.quota as u8,
+            reset_after: self.reset_after,
+            quota_reset_after: self.missing,
+            degraded: false,
+        }
     }
 }
 

@@ -194,8 +194,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
         if scopes.is_empty() {
             return Err(CompoundDenial::NoScopes);
         }
-        for (second, (key, _)) in scopes.iter().enumerate() {
-            if let Some(first) = scopes[..second].iter().position(|(k, _)| k == key) {
+        for second in 1..scopes.len() {
+            let key = scopes[second].0;
+            if let Some(first) = scopes[..second].iter().position(|&(k, _)| k == key) {
                 return Err(CompoundDenial::DuplicateKey { first, second });
             }
         }

@@ -38,6 +38,8 @@ pub struct Policy {
     /// the same quotas): a thread's cache of hot cells tells a policy it
     /// decided on before by it, without comparing quotas.
     id: u64,
+    /// The least capacity over the quotas: a cost up to it fits them all.
+    least_capacity: u64,
 }
 
 /// Numbers policies; never reused.
@@ -108,9 +110,17 @@ impl Policy {
         self.id
     }
 
+    /// The least capacity over the quotas: every quota can hold a cost up
+    /// to it.
+    #[inline]
+    pub(crate) fn least_capacity(&self) -> u64 {
+        self.least_capacity
+    }
+
     /// A policy of `quotas` (1 to [`MAX_QUOTAS`]), newly numbered.
     fn of(quotas: Vec<Quota>) -> Self {
         Policy {
+            least_capacity: quotas.iter().map(Quota::capacity).min().unwrap_or(0),
             quotas,
             // Relaxed: only uniqueness matters, and fetch_add gives it.
             id: NEXT_ID.fetch_add(1, Relaxed),
