@@ -52,8 +52,8 @@
 use super::decide::{self, Words};
 use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
+use crate::store::Table;
 use crate::sync::{unmodeled, AtomicUsize, Lock, Ordering};
-use hashbrown::HashTable;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 #[cfg(loom)]
@@ -68,9 +68,11 @@ const SHARDS: usize = 1;
 
 /// One shard: its keys and their cells, placed by the store's hash (a
 /// table, not a map, so that a call hashes its key once, for its shard,
-/// its place here and a thread's cache).
+/// its place here and a thread's cache). The in-memory limiter's table,
+/// which grows a few entries per write, never in one whole-shard rehash,
+/// and which the automatic sweep visits a slice at a time.
 struct Shard<K> {
-    map: Lock<HashTable<(K, Slot)>>,
+    map: Lock<Table<(K, Slot)>>,
     /// No cell of `map` is full before this instant (`Nanos` as `u64`;
     /// `u64::MAX` while the shard is empty). Written under `map`'s lock,
     /// read without it by [`Store::make_room`], for which it is a hint:
@@ -82,7 +84,7 @@ struct Shard<K> {
 impl<K> Shard<K> {
     fn new() -> Self {
         Shard {
-            map: Lock::new(HashTable::new()),
+            map: Lock::new(Table::default()),
             full_from: unmodeled::AtomicU64::new(u64::MAX),
         }
     }
@@ -196,6 +198,8 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let shard = self.shard(hash);
+        let hasher = &self.hasher;
+        let rehash = |(k, _): &(K, Slot)| hasher.hash_one(k);
         let mut map = shard.map.lock();
         if let Some((_, slot)) = map.find_mut(hash, |(k, _)| k.borrow() == key) {
             return Ok(f(slot.in_map(len, share)));
@@ -213,8 +217,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         shard
             .full_from
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
-        let hasher = &self.hasher;
-        map.insert_unique(hash, (key.to_owned(), slot), |(k, _)| hasher.hash_one(k));
+        map.insert(hash, (key.to_owned(), slot), rehash);
         place.defuse();
         Ok(result)
     }
@@ -258,6 +261,8 @@ mod slot;
 pub(crate) use slot::{InMap, InlineWords, Slot, INLINE_WORDS};
 
 use evict::Pace;
+#[cfg(test)]
+use evict::SWEEP_SLICE;
 pub(crate) use evict::{Held, NO_CELLS};
 
 #[cfg(all(test, not(loom)))]

@@ -18,8 +18,9 @@ mod dash;
 mod model;
 #[cfg(not(loom))]
 mod sharded;
-#[cfg(not(loom))]
+/// A shard's table; under loom too, for the compound store's shards.
 mod table;
+pub(crate) use table::Table;
 
 #[cfg(loom)]
 pub(crate) use model::{shard_of, Map, FEW_SHARDS, SHARDS};

@@ -25,6 +25,9 @@
 //! shrink) changes the table's [`layout`](Table::layout), and a sweep
 //! that sees a new layout starts the table over.
 
+// Under loom only the compound store uses tables, and not all of this.
+#![cfg_attr(loom, allow(dead_code))]
+
 use hashbrown::HashTable;
 
 /// Entries moved from `old` to `main` by each insertion while `old` is not

@@ -23,26 +23,35 @@
 //! # The automatic sweep
 //!
 //! Unless turned off, a call that went through the map and finds enough
-//! keys made since the last step sweeps one shard ([`Store::step`]),
-//! after its decision and with no lock held, the shards in turn: a pass
-//! visits each once. A step removes only the buckets that were already
-//! full when the previous pass started (a second chance: a key called at
-//! least once a pass keeps its bucket). A pass is spread over at least
-//! `SHARDS * MIN_STEP` new keys and half of those the previous pass
-//! kept; it grows while the keys made are, in a good share, keys it
-//! removed recently, and shrinks otherwise (the in-memory limiter's rule,
-//! over the same ghosts of removed keys). So the sweep costs a few cell
-//! visits per new key, a call pays for one shard, never for the map, a
-//! flood of keys each called once keeps about three passes of new keys
-//! (3,072 at the floor), and keys that come back are kept.
+//! keys made since the last step sweeps one slice of a shard
+//! ([`Store::step`]): [`SWEEP_SLICE`] of its table's buckets, after its
+//! decision and with no lock held, the shards in turn, slice by slice
+//! (one thread steps at a time; a call that finds a step running skips
+//! it). A pass visits every shard once. A step removes only the buckets
+//! that were already full when the previous pass started (a second
+//! chance: a key called at least once a pass keeps its bucket). A pass
+//! is spread over at least `SHARDS * MIN_STEP` new keys and half of
+//! those the previous pass kept, a step every so many new keys for each
+//! slice the previous pass took; it grows while the keys made are, in a
+//! good share, keys it removed recently, and shrinks otherwise (the
+//! in-memory limiter's rule, over the same ghosts of removed keys). So
+//! the sweep costs a few cell visits per new key, a call pays for one
+//! slice, never for a shard or the map (a shard at 10^6 keys is about
+//! 15,000 cells: milliseconds, when their memory is cold), a flood of
+//! keys each called once keeps about three passes of new keys (3,072 at
+//! the floor), and keys that come back are kept. A slice leaves its
+//! shard's bound for room at the cap as it was (what it removed only
+//! makes the bound earlier than it need be).
 
 use super::{Slot, Store, SHARDS};
 use crate::compound::cell::{Cell, Retired};
 use crate::compound::decide;
 use crate::gcra;
 use crate::guard::Tally;
+use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
 use crate::keyed::occupancy::{next_pass_length, one_in};
+use crate::store::Cursor;
 use crate::sync::{unmodeled, Ordering};
 use crate::time::Nanos;
 use std::hash::{BuildHasher, Hash};
@@ -90,16 +99,25 @@ const MIN_STEP: usize = 16;
 /// Where the automatic sweep is and when it steps. Only paces the sweep:
 /// `unmodeled` atomics, that loom's models (which never step, see
 /// [`Store::step`]) do not explore.
-#[derive(Default)]
 pub(super) struct Pace {
     /// Keys made since the last step.
     pub(super) made: unmodeled::AtomicUsize,
-    /// New keys between two steps, before the floor [`MIN_STEP`]: a
-    /// shard's share of the pass's length (see [`Store::next_pass`]).
+    /// New keys between two steps, before the floor [`MIN_STEP`]: the
+    /// pass's length over the previous pass's slices.
     every: unmodeled::AtomicUsize,
-    /// The shard the next step visits (wrapping).
-    cursor: unmodeled::AtomicUsize,
-    /// Keys kept by this pass's steps so far.
+    /// Set while a step runs, so that one thread steps at a time; it
+    /// guards the fields below. A call that finds it set skips the step.
+    sweeping: unmodeled::AtomicBool,
+    /// The shard the next step visits, and where in it (a slice of
+    /// [`SWEEP_SLICE`] table buckets a step).
+    shard: unmodeled::AtomicUsize,
+    from: unmodeled::AtomicUsize,
+    layout: unmodeled::AtomicU64,
+    /// Steps taken so far in this pass.
+    slices: unmodeled::AtomicUsize,
+    /// The new keys this pass is spread over.
+    length: unmodeled::AtomicUsize,
+    /// Keys the shards swept so far in this pass kept.
     kept: unmodeled::AtomicUsize,
     /// The timestamp of the step that started this pass.
     started: unmodeled::AtomicU64,
@@ -108,14 +126,37 @@ pub(super) struct Pace {
     idle_since: unmodeled::AtomicU64,
 }
 
+impl Default for Pace {
+    fn default() -> Self {
+        Pace {
+            made: unmodeled::AtomicUsize::new(0),
+            every: unmodeled::AtomicUsize::new(MIN_STEP),
+            sweeping: unmodeled::AtomicBool::new(false),
+            shard: unmodeled::AtomicUsize::new(0),
+            from: unmodeled::AtomicUsize::new(0),
+            layout: unmodeled::AtomicU64::new(0),
+            slices: unmodeled::AtomicUsize::new(0),
+            length: unmodeled::AtomicUsize::new(SHARDS * MIN_STEP),
+            kept: unmodeled::AtomicUsize::new(0),
+            started: unmodeled::AtomicU64::new(0),
+            idle_since: unmodeled::AtomicU64::new(0),
+        }
+    }
+}
+
+/// Table buckets an automatic sweep step visits: a few hundred cells at
+/// most, whatever the size of the shard (a whole shard at 10^6 keys is
+/// about 15,000 cells, milliseconds when their memory is cold).
+pub(super) const SWEEP_SLICE: usize = 256;
+
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// One step of the automatic sweep at `now`, if one is due (see the
-    /// module docs): sweeps the next shard of the buckets that were
-    /// already full when the previous pass started. The caller holds no
-    /// lock (a shard's, then its cells', are taken here). Returns how many
-    /// keys it removed.
+    /// module docs): sweeps the next slice of the shards, in turn, of the
+    /// buckets that were already full when the previous pass started. The
+    /// caller holds no lock (a shard's, then its cells', are taken here).
+    /// Returns how many keys it removed.
     ///
-    /// Under loom, never: the models sweep by hand, and `sweep_shard` is
+    /// Under loom, never: the models sweep by hand, and `sweep_cells` is
     /// the code both run.
     #[inline]
     pub(crate) fn step(&self, now: Nanos) -> usize {
@@ -124,30 +165,69 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         }
         let pace = &self.pace;
         let every = pace.every.load(unmodeled::Relaxed).max(MIN_STEP);
-        // Relaxed, here and below: these counts pace the sweep and order
-        // nothing (what is removed is decided under the locks). Of two
-        // calls that find a step due, the one whose swap takes the count
-        // runs it.
+        // Relaxed: these counts pace the sweep and order nothing (what is
+        // removed is decided under the locks). Of two calls that find a
+        // step due, the one whose swap takes the count runs it.
         if pace.made.load(unmodeled::Relaxed) < every
             || pace.made.swap(0, unmodeled::Relaxed) < every
         {
             return 0;
         }
-        let shards = self.shards.len();
-        let shard = pace.cursor.fetch_add(1, unmodeled::Relaxed) % shards;
-        if shard == 0 {
-            // A pass starts: the previous one's start is now the bound, and
-            // the pass it ended paces this one.
+        self.take_step(now)
+    }
+
+    /// The step [`step`](Self::step) found due, unless another thread's
+    /// is running. Out of line: most calls take none.
+    #[inline(never)]
+    fn take_step(&self, now: Nanos) -> usize {
+        let pace = &self.pace;
+        // Acquire pairs with the Release below: this step sees the place
+        // the previous one left.
+        if pace.sweeping.swap(true, unmodeled::Ordering::Acquire) {
+            return 0;
+        }
+        // Let go even if a key's `Drop` or `Hash` unwinds in the sweep:
+        // the next step then sweeps the same slice again.
+        let _taken = Unwinding::new(|| pace.sweeping.store(false, unmodeled::Ordering::Release));
+        // Relaxed from here on: the flag orders the steps one after another.
+        let shard = pace.shard.load(unmodeled::Relaxed);
+        let slices = pace.slices.load(unmodeled::Relaxed);
+        if shard == 0 && slices == 0 {
+            // A pass starts: the previous one's start is now the bound.
             let previous = pace.started.swap(now.as_u64(), unmodeled::Relaxed);
             pace.idle_since.store(previous, unmodeled::Relaxed);
-            let length = self.next_pass(every * shards, pace.kept.swap(0, unmodeled::Relaxed));
-            pace.every.store(length / shards, unmodeled::Relaxed);
         }
         // Never above `now`: what goes is full at `now`, so the sweep stays
         // exact even when timestamps run backwards.
         let bound = Nanos::new(pace.idle_since.load(unmodeled::Relaxed)).min(now);
-        let (removed, kept) = self.sweep_shard(shard, bound, NO_CELLS);
-        pace.kept.fetch_add(kept, unmodeled::Relaxed);
+        let at = Cursor {
+            from: pace.from.load(unmodeled::Relaxed),
+            layout: pace.layout.load(unmodeled::Relaxed),
+        };
+        let (removed, next) = self.sweep_cells(shard, bound, NO_CELLS, Some(at));
+        // This step was one more slice of the pass.
+        let slices = slices + 1;
+        let (at, slices) = match next {
+            Ok(at) => (at, slices),
+            Err(kept) => {
+                let kept = pace.kept.fetch_add(kept, unmodeled::Relaxed) + kept;
+                if shard + 1 < self.shards.len() {
+                    pace.shard.store(shard + 1, unmodeled::Relaxed);
+                    (Cursor::default(), slices)
+                } else {
+                    // The pass is over: pace the next one, a step a slice.
+                    let length = self.next_pass(pace.length.load(unmodeled::Relaxed), kept);
+                    pace.length.store(length, unmodeled::Relaxed);
+                    pace.every.store(length / slices, unmodeled::Relaxed);
+                    pace.kept.store(0, unmodeled::Relaxed);
+                    pace.shard.store(0, unmodeled::Relaxed);
+                    (Cursor::default(), 0)
+                }
+            }
+        };
+        pace.slices.store(slices, unmodeled::Relaxed);
+        pace.from.store(at.from, unmodeled::Relaxed);
+        pace.layout.store(at.layout, unmodeled::Relaxed);
         removed
     }
 
@@ -163,7 +243,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// Sweeps every shard at `now` (a caller's `sweep`).
     pub(crate) fn sweep(&self, now: Nanos) -> usize {
         (0..self.shards.len())
-            .map(|shard| self.sweep_shard(shard, now, NO_CELLS).0)
+            .map(|shard| self.sweep_shard(shard, now, NO_CELLS))
             .sum()
     }
 
@@ -196,9 +276,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             #[cfg(loom)]
             if crate::flaw::flawed(crate::flaw::Flaw::CompoundRoomTrustsBound) {
                 // BROKEN (a model's twin): every cell taken for full.
-                return self.sweep_shard(shard, Nanos::new(u64::MAX), spare).0 > 0;
+                return self.sweep_shard(shard, Nanos::new(u64::MAX), spare) > 0;
             }
-            if self.sweep_shard(shard, now, spare).0 > 0 {
+            if self.sweep_shard(shard, now, spare) > 0 {
                 return true;
             }
         }
@@ -206,11 +286,26 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     }
 
     /// Removes shard `shard`'s cells that are full at `now` (see the
-    /// module docs), but not those in `spare`; returns how many it removed
-    /// and how many it kept.
-    fn sweep_shard<H: Held + ?Sized>(&self, shard: usize, now: Nanos, spare: &H) -> (usize, usize) {
+    /// module docs), but not those in `spare`; returns how many it removed.
+    fn sweep_shard<H: Held + ?Sized>(&self, shard: usize, now: Nanos, spare: &H) -> usize {
         #[cfg(test)]
         self.shard_sweeps.fetch_add(1, Ordering::Relaxed);
+        self.sweep_cells(shard, now, spare, None).0
+    }
+
+    /// Removes shard `shard`'s cells that are full at `now`, but not those
+    /// in `spare`: all of the shard's (`slice` is `None`), or the next
+    /// [`SWEEP_SLICE`] table buckets from `slice` (from the shard's start
+    /// if its table's layout changed since). Returns how many it removed,
+    /// and where the next slice starts, or, when this one finished the
+    /// shard, the cells the shard then holds.
+    fn sweep_cells<H: Held + ?Sized>(
+        &self,
+        shard: usize,
+        now: Nanos,
+        spare: &H,
+        slice: Option<Cursor>,
+    ) -> (usize, Result<Cursor, usize>) {
         let shard = &self.shards[shard];
         let mut map = shard.map.lock();
         let (ghosts, hasher) = (&self.ghosts, &self.hasher);
@@ -222,7 +317,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let removed = Tally::new(|n| {
             self.len.fetch_sub(n, Ordering::Relaxed);
         });
-        map.retain(|(key, slot)| {
+        let keep = |(key, slot): &mut (K, Slot)| {
             let slot: &Slot = slot;
             // An inline cell's words are the shard lock's; a shared cell
             // is locked, so that it is retired in the same step as it
@@ -261,11 +356,35 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 full_from = full_from.min(full_at.as_u64());
             }
             !full
-        });
-        // Relaxed: a hint (see `Shard::full_from`), written under the lock.
-        shard.full_from.store(full_from, unmodeled::Relaxed);
-        let kept = map.len();
+        };
+        let next = match slice {
+            None => {
+                map.retain(keep);
+                // Relaxed: a hint (see `Shard::full_from`), written under
+                // the lock.
+                shard.full_from.store(full_from, unmodeled::Relaxed);
+                Err(map.len())
+            }
+            Some(at) => {
+                // A slice leaves the shard's bound as it was: the cells it
+                // removed only make it earlier than it need be.
+                let from = if map.layout() == at.layout {
+                    at.from
+                } else {
+                    0
+                };
+                let to = from.saturating_add(SWEEP_SLICE).min(map.buckets());
+                map.retain_range(from..to, keep);
+                match to < map.buckets() {
+                    true => Ok(Cursor {
+                        from: to,
+                        layout: map.layout(),
+                    }),
+                    false => Err(map.len()),
+                }
+            }
+        };
         drop(map);
-        (removed.settle(), kept)
+        (removed.settle(), next)
     }
 }

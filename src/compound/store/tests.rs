@@ -60,3 +60,50 @@ fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
         "the new key's bucket was the full one"
     );
 }
+
+/// The automatic sweep steps one slice of a shard's table at a time, not
+/// the shard: with shards several slices long, no step removes more than
+/// a slice's table buckets hold, and the steps of one pass, after a pass
+/// that saw every cell idle, remove them all.
+#[test]
+fn an_automatic_step_sweeps_one_slice_of_a_shard() {
+    let store = Store::<String, _>::new(BuildHasherDefault::<DefaultHasher>::default());
+    // About 300 cells a shard: more than one slice of table buckets each.
+    let keys = SHARDS * 300;
+    for i in 0..keys {
+        let key = format!("k{i}");
+        let hash = store.hash(key.as_str());
+        let made = store.with_cell(hash, key.as_str(), 1, false, |slot| match slot {
+            InMap::Inline(words) => words.set([Nanos::new(SEC), Nanos::ZERO]),
+            InMap::Shared(_) => panic!("a one-word cell is inline"),
+        });
+        assert!(made.is_ok());
+    }
+    // Every step due: as if many keys had been made since the last one.
+    let step = |now: Nanos| {
+        store.pace.made.store(usize::MAX / 2, Ordering::Relaxed);
+        store.step(now)
+    };
+    // The first pass only learns when the pass started: it removes
+    // nothing (a cell goes once idle since the previous pass started).
+    let mut steps = 0;
+    let mut removed = loop {
+        steps += 1;
+        assert!(steps <= keys, "a pass never ended");
+        let removed = step(Nanos::new(10 * SEC));
+        if removed > 0 {
+            break removed;
+        }
+    };
+    assert!(
+        steps > 2 * SHARDS,
+        "{steps} steps for a pass of {SHARDS} shards"
+    );
+    let first = steps;
+    while store.len() > 0 {
+        assert!(removed <= SWEEP_SLICE, "a step removed {removed} cells");
+        removed = step(Nanos::new(10 * SEC));
+        steps += 1;
+        assert!(steps <= 3 * first, "the second pass never emptied the map");
+    }
+}
