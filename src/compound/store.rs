@@ -69,8 +69,12 @@ const SHARDS: usize = 1;
 /// One shard: its keys and their cells, placed by the store's hash (a
 /// table, not a map, so that a call hashes its key once, for its shard,
 /// its place here and a thread's cache). The in-memory limiter's table,
-/// which grows a few entries per write, never in one whole-shard rehash,
-/// and which the automatic sweep visits a slice at a time.
+/// which grows a few entries per insertion, never in one whole-shard
+/// rehash, and which the automatic sweep visits a slice at a time.
+/// Insertions alone empty a table set aside by growth: every call holds
+/// its shard's lock, so moves made by updates too would keep the calls
+/// behind them waiting (live keys' p99.9 at 10^6 keys, 2 threads: 4.7-6.8
+/// µs without them, 19.6-32.5 with, `benches/latency.rs`).
 struct Shard<K> {
     map: Lock<Table<(K, Slot)>>,
     /// No cell of `map` is full before this instant (`Nanos` as `u64`;
