@@ -83,6 +83,14 @@ struct Shard<K> {
     /// it orders nothing, and a stale read only sends a refused call to
     /// another shard or refuses it.
     full_from: unmodeled::AtomicU64,
+    /// The same bound as the automatic sweep's slices gather it: the
+    /// least `full_at` of the cells its slices of this shard kept so far,
+    /// and of the cells made since its first slice. When the last slice
+    /// has counted every cell, it becomes `full_from`, which slices that
+    /// removed cells would otherwise leave early for ever (sending refused
+    /// calls at the cap to sweep shards with nothing full). Written under
+    /// `map`'s lock.
+    slices_from: unmodeled::AtomicU64,
 }
 
 impl<K> Shard<K> {
@@ -90,6 +98,7 @@ impl<K> Shard<K> {
         Shard {
             map: Lock::new(Table::default()),
             full_from: unmodeled::AtomicU64::new(u64::MAX),
+            slices_from: unmodeled::AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -221,6 +230,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         shard
             .full_from
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
+        shard
+            .slices_from
+            .fetch_min(full_at.as_u64(), unmodeled::Relaxed);
         map.insert(hash, (key.to_owned(), slot), rehash);
         place.defuse();
         Ok(result)
@@ -265,7 +277,7 @@ mod slot;
 pub(crate) use slot::{InMap, InlineWords, Slot, INLINE_WORDS};
 
 use evict::Pace;
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 use evict::SWEEP_SLICE;
 pub(crate) use evict::{Held, NO_CELLS};
 

@@ -37,11 +37,16 @@
 //! in-memory limiter's rule, over the same ghosts of removed keys). So
 //! the sweep costs a few cell visits per new key, a call pays for one
 //! slice, never for a shard or the map (a shard at 10^6 keys is about
-//! 15,000 cells: milliseconds, when their memory is cold), a flood of
-//! keys each called once keeps about three passes of new keys (3,072 at
-//! the floor), and keys that come back are kept. A slice leaves its
-//! shard's bound for room at the cap as it was (what it removed only
-//! makes the bound earlier than it need be).
+//! 15,000 cells: milliseconds, when their memory is cold; only a call
+//! refused at the cap sweeps a shard, above), a flood of keys each called
+//! once keeps about three passes of new keys (3,072 at the floor, while
+//! every shard's table is one slice; tables do not shrink, and a pass
+//! takes at least one new key a slice, so after a map of 10^6 keys, about
+//! 8,000 slices, a flood keeps about three times that), and keys that
+//! come back are kept. The slices of a shard gather its bound for room
+//! at the cap as they go (the least `full_at` of the cells they keep and
+//! of the cells made meanwhile) and set it when the shard's last slice
+//! is done, as a whole shard's sweep does.
 
 use super::{Slot, Store, SHARDS};
 use crate::compound::cell::{Cell, Retired};
@@ -93,7 +98,9 @@ impl<A: Held + ?Sized, B: Held + ?Sized> Held for (&A, &B) {
     }
 }
 
-/// The fewest new keys between two steps of the automatic sweep.
+/// New keys a shard's share of the shortest pass: a pass is spread over
+/// at least `SHARDS * MIN_STEP` new keys, and the first pass takes a step
+/// every `MIN_STEP` of them.
 const MIN_STEP: usize = 16;
 
 /// Where the automatic sweep is and when it steps. Only paces the sweep:
@@ -102,8 +109,8 @@ const MIN_STEP: usize = 16;
 pub(super) struct Pace {
     /// Keys made since the last step.
     pub(super) made: unmodeled::AtomicUsize,
-    /// New keys between two steps, before the floor [`MIN_STEP`]: the
-    /// pass's length over the previous pass's slices.
+    /// New keys between two steps (at least one): the pass's length over
+    /// the previous pass's slices.
     every: unmodeled::AtomicUsize,
     /// Set while a step runs, so that one thread steps at a time; it
     /// guards the fields below. A call that finds it set skips the step.
@@ -164,35 +171,47 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             return 0;
         }
         let pace = &self.pace;
-        let every = pace.every.load(unmodeled::Relaxed).max(MIN_STEP);
+        // At least one new key a slice: a pass of the floor's length over
+        // tables that grew large (they do not shrink) takes a step per new
+        // key, never fewer.
+        let every = pace.every.load(unmodeled::Relaxed).max(1);
         // Relaxed: these counts pace the sweep and order nothing (what is
         // removed is decided under the locks). Of two calls that find a
         // step due, the one whose swap takes the count runs it.
-        if pace.made.load(unmodeled::Relaxed) < every
-            || pace.made.swap(0, unmodeled::Relaxed) < every
-        {
+        if pace.made.load(unmodeled::Relaxed) < every {
             return 0;
         }
-        self.take_step(now)
+        let made = pace.made.swap(0, unmodeled::Relaxed);
+        if made < every {
+            // Another call took the count: give back what came since.
+            pace.made.fetch_add(made, unmodeled::Relaxed);
+            return 0;
+        }
+        self.take_step(now, made)
     }
 
-    /// The step [`step`](Self::step) found due, unless another thread's
-    /// is running. Out of line: most calls take none.
+    /// The step [`step`](Self::step) found due, for `made` new keys,
+    /// unless another thread's step is running (the count is then given
+    /// back, for the step after it). Out of line: most calls take none.
     #[inline(never)]
-    fn take_step(&self, now: Nanos) -> usize {
+    fn take_step(&self, now: Nanos, made: usize) -> usize {
         let pace = &self.pace;
         // Acquire pairs with the Release below: this step sees the place
         // the previous one left.
         if pace.sweeping.swap(true, unmodeled::Ordering::Acquire) {
+            pace.made.fetch_add(made, unmodeled::Relaxed);
             return 0;
         }
-        // Let go even if a key's `Drop` or `Hash` unwinds in the sweep:
-        // the next step then sweeps the same slice again.
+        // Let go even if a key's `Drop` or `Hash` unwinds in the sweep.
         let _taken = Unwinding::new(|| pace.sweeping.store(false, unmodeled::Ordering::Release));
         // Relaxed from here on: the flag orders the steps one after another.
         let shard = pace.shard.load(unmodeled::Relaxed);
-        let slices = pace.slices.load(unmodeled::Relaxed);
-        if shard == 0 && slices == 0 {
+        // This step is one more slice of the pass, counted before the
+        // sweep, so that a slice that unwinds does not start the pass
+        // again (which would move the second chance's bound).
+        let slices = pace.slices.load(unmodeled::Relaxed) + 1;
+        pace.slices.store(slices, unmodeled::Relaxed);
+        if shard == 0 && slices == 1 {
             // A pass starts: the previous one's start is now the bound.
             let previous = pace.started.swap(now.as_u64(), unmodeled::Relaxed);
             pace.idle_since.store(previous, unmodeled::Relaxed);
@@ -204,16 +223,20 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             from: pace.from.load(unmodeled::Relaxed),
             layout: pace.layout.load(unmodeled::Relaxed),
         };
+        // A slice that unwinds (a key's `Drop` or `Hash` panics) is not
+        // swept again and again: the next step starts past it.
+        let past = Unwinding::new(|| {
+            let from = at.from.saturating_add(SWEEP_SLICE);
+            pace.from.store(from, unmodeled::Relaxed);
+        });
         let (removed, next) = self.sweep_cells(shard, bound, NO_CELLS, Some(at));
-        // This step was one more slice of the pass.
-        let slices = slices + 1;
-        let (at, slices) = match next {
-            Ok(at) => (at, slices),
+        past.defuse();
+        let at = match next {
+            Ok(at) => at,
             Err(kept) => {
                 let kept = pace.kept.fetch_add(kept, unmodeled::Relaxed) + kept;
                 if shard + 1 < self.shards.len() {
                     pace.shard.store(shard + 1, unmodeled::Relaxed);
-                    (Cursor::default(), slices)
                 } else {
                     // The pass is over: pace the next one, a step a slice.
                     let length = self.next_pass(pace.length.load(unmodeled::Relaxed), kept);
@@ -221,11 +244,11 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                     pace.every.store(length / slices, unmodeled::Relaxed);
                     pace.kept.store(0, unmodeled::Relaxed);
                     pace.shard.store(0, unmodeled::Relaxed);
-                    (Cursor::default(), 0)
+                    pace.slices.store(0, unmodeled::Relaxed);
                 }
+                Cursor::default()
             }
         };
-        pace.slices.store(slices, unmodeled::Relaxed);
         pace.from.store(at.from, unmodeled::Relaxed);
         pace.layout.store(at.layout, unmodeled::Relaxed);
         removed
@@ -366,21 +389,33 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 Err(map.len())
             }
             Some(at) => {
-                // A slice leaves the shard's bound as it was: the cells it
-                // removed only make it earlier than it need be.
                 let from = if map.layout() == at.layout {
                     at.from
                 } else {
                     0
                 };
+                if from == 0 {
+                    // The shard's first slice, or its table's buckets moved
+                    // since the last: the bound its slices gather starts
+                    // over (new keys lower it meanwhile, see `with_cell`).
+                    shard.slices_from.store(u64::MAX, unmodeled::Relaxed);
+                }
                 let to = from.saturating_add(SWEEP_SLICE).min(map.buckets());
                 map.retain_range(from..to, keep);
-                match to < map.buckets() {
-                    true => Ok(Cursor {
+                // Relaxed: hints, written under the lock (see
+                // `Shard::slices_from`).
+                shard.slices_from.fetch_min(full_from, unmodeled::Relaxed);
+                if to < map.buckets() {
+                    Ok(Cursor {
                         from: to,
                         layout: map.layout(),
-                    }),
-                    false => Err(map.len()),
+                    })
+                } else {
+                    // Every cell counted: the bound is exact again, as
+                    // after a whole shard's sweep.
+                    let bound = shard.slices_from.load(unmodeled::Relaxed);
+                    shard.full_from.store(bound, unmodeled::Relaxed);
+                    Err(map.len())
                 }
             }
         };

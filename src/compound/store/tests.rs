@@ -64,21 +64,30 @@ fn making_room_sweeps_one_shard_and_only_once_a_bucket_can_be_full() {
 /// The automatic sweep steps one slice of a shard's table at a time, not
 /// the shard: with shards several slices long, no step removes more than
 /// a slice's table buckets hold, and the steps of one pass, after a pass
-/// that saw every cell idle, remove them all.
+/// that saw every cell idle, remove every full one. Once a pass has gone
+/// through a shard, the shard's bound for room at the cap is exact again:
+/// the least `full_at` of the cells it kept (a slice alone would leave it
+/// at the removed cells' 1 s for ever).
 #[test]
 fn an_automatic_step_sweeps_one_slice_of_a_shard() {
     let store = Store::<String, _>::new(BuildHasherDefault::<DefaultHasher>::default());
     // About 300 cells a shard: more than one slice of table buckets each.
+    // One key in ten is spent far ahead (kept); the others are full at 1 s.
     let keys = SHARDS * 300;
+    let full_at = |i: usize| match i % 10 {
+        0 => 100 * SEC + i as u64,
+        _ => SEC,
+    };
     for i in 0..keys {
         let key = format!("k{i}");
         let hash = store.hash(key.as_str());
         let made = store.with_cell(hash, key.as_str(), 1, false, |slot| match slot {
-            InMap::Inline(words) => words.set([Nanos::new(SEC), Nanos::ZERO]),
+            InMap::Inline(words) => words.set([Nanos::new(full_at(i)), Nanos::ZERO]),
             InMap::Shared(_) => panic!("a one-word cell is inline"),
         });
         assert!(made.is_ok());
     }
+    let kept = (0..keys).filter(|i| i % 10 == 0).count();
     // Every step due: as if many keys had been made since the last one.
     let step = |now: Nanos| {
         store.pace.made.store(usize::MAX / 2, Ordering::Relaxed);
@@ -95,15 +104,26 @@ fn an_automatic_step_sweeps_one_slice_of_a_shard() {
             break removed;
         }
     };
+    let pass = steps - 1;
     assert!(
-        steps > 2 * SHARDS,
-        "{steps} steps for a pass of {SHARDS} shards"
+        pass > 2 * SHARDS,
+        "{pass} steps for a pass of {SHARDS} shards"
     );
-    let first = steps;
-    while store.len() > 0 {
+    loop {
         assert!(removed <= SWEEP_SLICE, "a step removed {removed} cells");
+        if steps == 2 * pass {
+            break;
+        }
         removed = step(Nanos::new(10 * SEC));
         steps += 1;
-        assert!(steps <= 3 * first, "the second pass never emptied the map");
+    }
+    assert_eq!(store.len(), kept, "the second pass removed every full cell");
+    for shard in store.shards.iter() {
+        let mut least = u64::MAX;
+        shard.map.lock().retain(|(_, slot)| {
+            least = least.min(decide::full_at(&slot.words_now()).as_u64());
+            true
+        });
+        assert_eq!(shard.full_from.load(unmodeled::Relaxed), least);
     }
 }
