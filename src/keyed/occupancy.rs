@@ -90,7 +90,7 @@ const MIN_SWEEP_INTERVAL: usize = 8192;
 
 /// Table buckets a sweep step visits: a few hundred entries at most, tens
 /// of microseconds even when each evicted key's memory is cold.
-pub(super) const SWEEP_SLICE: usize = 256;
+pub(crate) const SWEEP_SLICE: usize = 256;
 /// Under loom (one shard), every creation takes a sweep step, so that the
 /// models race the automatic sweep's real protocol against every call.
 #[cfg(loom)]

@@ -159,22 +159,9 @@ impl<K: Hash + Eq, V, S: BuildHasher + Clone> Sharded<K, V, S> {
         len: usize,
         mut keep: impl FnMut(&K, &V) -> bool,
     ) -> Result<Cursor, usize> {
-        let mut shard = self.shards[index].write();
-        let from = if shard.layout() == at.layout {
-            at.from
-        } else {
-            0
-        };
-        let to = from.saturating_add(len).min(shard.buckets());
-        shard.retain_range(from..to, |(key, value)| keep(key, value));
-        if to < shard.buckets() {
-            Ok(Cursor {
-                from: to,
-                layout: shard.layout(),
-            })
-        } else {
-            Err(shard.len())
-        }
+        self.shards[index]
+            .write()
+            .retain_slice(at, len, |(key, value)| keep(key, value))
     }
 
     /// Removes `key` if `remove` returns true for its value, under the

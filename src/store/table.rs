@@ -28,6 +28,7 @@
 // Under loom only the compound store uses tables, and not all of this.
 #![cfg_attr(loom, allow(dead_code))]
 
+use super::Cursor;
 use hashbrown::HashTable;
 
 /// Entries moved from `old` to `main` by each insertion while `old` is not
@@ -180,6 +181,30 @@ impl<T> Table<T> {
                     entry.remove();
                 }
             }
+        }
+    }
+
+    /// One slice of a sweep: [`retain_range`](Self::retain_range) over up
+    /// to `len` buckets from `at.from` if the layout is still `at.layout`
+    /// (else from the first bucket). Returns where the next slice starts,
+    /// or, when this slice reached the last bucket, the entries the table
+    /// then holds.
+    pub(crate) fn retain_slice(
+        &mut self,
+        at: Cursor,
+        len: usize,
+        keep: impl FnMut(&mut T) -> bool,
+    ) -> Result<Cursor, usize> {
+        let from = if self.layout == at.layout { at.from } else { 0 };
+        let to = from.saturating_add(len).min(self.buckets());
+        self.retain_range(from..to, keep);
+        if to < self.buckets() {
+            Ok(Cursor {
+                from: to,
+                layout: self.layout,
+            })
+        } else {
+            Err(self.len())
         }
     }
 

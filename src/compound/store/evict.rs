@@ -55,6 +55,10 @@ use crate::gcra;
 use crate::guard::Tally;
 use crate::guard::Unwinding;
 use crate::keyed::ghosts::Ghosts;
+// Table buckets a step visits: the in-memory limiter's slice, a few
+// hundred cells at most whatever the size of the shard (a whole shard at
+// 10^6 keys is about 15,000 cells, milliseconds when their memory is cold).
+pub(super) use crate::keyed::occupancy::SWEEP_SLICE;
 use crate::keyed::occupancy::{next_pass_length, one_in};
 use crate::store::Cursor;
 use crate::sync::{unmodeled, Ordering};
@@ -150,11 +154,6 @@ impl Default for Pace {
         }
     }
 }
-
-/// Table buckets an automatic sweep step visits: a few hundred cells at
-/// most, whatever the size of the shard (a whole shard at 10^6 keys is
-/// about 15,000 cells, milliseconds when their memory is cold).
-pub(super) const SWEEP_SLICE: usize = 256;
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// One step of the automatic sweep at `now`, if one is due (see the
@@ -389,34 +388,24 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 Err(map.len())
             }
             Some(at) => {
-                let from = if map.layout() == at.layout {
-                    at.from
-                } else {
-                    0
-                };
-                if from == 0 {
+                if at.from == 0 || map.layout() != at.layout {
                     // The shard's first slice, or its table's buckets moved
-                    // since the last: the bound its slices gather starts
-                    // over (new keys lower it meanwhile, see `with_cell`).
+                    // since the last (the slice starts the shard over): the
+                    // bound its slices gather starts over (new keys lower
+                    // it meanwhile, see `with_cell`).
                     shard.slices_from.store(u64::MAX, unmodeled::Relaxed);
                 }
-                let to = from.saturating_add(SWEEP_SLICE).min(map.buckets());
-                map.retain_range(from..to, keep);
+                let next = map.retain_slice(at, SWEEP_SLICE, keep);
                 // Relaxed: hints, written under the lock (see
                 // `Shard::slices_from`).
                 shard.slices_from.fetch_min(full_from, unmodeled::Relaxed);
-                if to < map.buckets() {
-                    Ok(Cursor {
-                        from: to,
-                        layout: map.layout(),
-                    })
-                } else {
+                if next.is_err() {
                     // Every cell counted: the bound is exact again, as
                     // after a whole shard's sweep.
                     let bound = shard.slices_from.load(unmodeled::Relaxed);
                     shard.full_from.store(bound, unmodeled::Relaxed);
-                    Err(map.len())
                 }
+                next
             }
         };
         drop(map);
