@@ -91,6 +91,7 @@ mod live_quota;
 #[doc(hidden)]
 pub mod loom_api;
 mod observe;
+mod pace;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 #[cfg(feature = "redis")]

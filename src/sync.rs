@@ -25,9 +25,7 @@ pub(crate) use loom::sync::{Arc, Mutex};
 /// nothing): named here so that this file stays the only one that picks
 /// atomics.
 pub(crate) mod unmodeled {
-    pub(crate) use std::sync::atomic::{
-        AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed,
-    };
+    pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
     /// The thread slots' lock (loom's under `cfg(loom)`: see `observe::slot`).
     #[cfg(not(loom))]
     pub(crate) use std::sync::Mutex;

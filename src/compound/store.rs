@@ -51,7 +51,6 @@
 
 use super::decide::{self, Words};
 use crate::guard::Unwinding;
-use crate::keyed::ghosts::Ghosts;
 use crate::store::Table;
 use crate::sync::{unmodeled, AtomicUsize, Lock, Ordering};
 use std::borrow::Borrow;
@@ -117,11 +116,9 @@ pub(crate) struct Store<K, S> {
     max_keys: usize,
     /// Whether calls run the automatic sweep's steps.
     auto_sweep: bool,
-    /// The automatic sweep's pace and place.
+    /// The automatic sweep's pace and place, and a sample of the keys it
+    /// removed (to tell keys that come back from keys seen once).
     pace: Pace,
-    /// A sample of the keys the automatic sweep removed, to tell keys
-    /// that come back from keys seen once (see `next_pass`).
-    ghosts: Ghosts,
     /// Shards swept so far (for the unit tests).
     #[cfg(test)]
     shard_sweeps: AtomicUsize,
@@ -136,8 +133,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
             len: AtomicUsize::new(0),
             max_keys: usize::MAX,
             auto_sweep: true,
-            pace: Pace::default(),
-            ghosts: Ghosts::new(),
+            pace: Pace::new(SHARDS * MIN_STEP, SHARDS),
             #[cfg(test)]
             shard_sweeps: AtomicUsize::new(0),
         }
@@ -219,7 +215,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         }
         let place = self.reserve()?;
         if self.auto_sweep {
-            self.ghosts.created(hash);
+            self.pace.ghosts.created(hash);
         }
         let mut slot = Slot::new(len, share);
         let result = f(slot.in_map(len, share));
@@ -250,9 +246,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 (len < self.max_keys).then_some(len + 1)
             })
             .map_err(|_| Full)?;
-        if self.auto_sweep {
-            // Relaxed: only paces the automatic sweep (see `step`).
-            self.pace.made.fetch_add(1, unmodeled::Relaxed);
+        if self.auto_sweep && !cfg!(loom) {
+            // Its step is taken after the call, with no lock held (see
+            // `step`); under loom, none is.
+            self.pace.counted();
         }
         Ok(Unwinding::new(|| {
             // Relaxed: as above.
@@ -276,9 +273,10 @@ mod slot;
 
 pub(crate) use slot::{InMap, InlineWords, Slot, INLINE_WORDS};
 
-use evict::Pace;
+use crate::pace::Pace;
 #[cfg(all(test, not(loom)))]
-use evict::SWEEP_SLICE;
+use crate::pace::SWEEP_SLICE;
+use evict::MIN_STEP;
 pub(crate) use evict::{Held, NO_CELLS};
 
 #[cfg(all(test, not(loom)))]

@@ -4,6 +4,9 @@
 use super::slot::{Slot, Visit};
 use super::ConcurrencyLimiter;
 use crate::guard::Tally;
+// Table buckets a step visits: a few hundred entries at most, as in the
+// buckets' sweep.
+use crate::pace::SWEEP_SLICE;
 use crate::store::{Cursor, Map};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use std::hash::{BuildHasher, Hash};
@@ -15,9 +18,6 @@ use std::hash::{BuildHasher, Hash};
 const SWEEP_EVERY: usize = 16;
 #[cfg(loom)]
 const SWEEP_EVERY: usize = 1;
-
-/// Table buckets a step visits: a few hundred entries at most.
-const SWEEP_SLICE: usize = 256;
 
 /// The automatic sweep's pacing and position, and the cap.
 ///

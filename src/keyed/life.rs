@@ -48,7 +48,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     pub(super) fn new_bucket(&self, hash: u64) -> Option<Bucket> {
         let occupancy = &self.occupancy;
         occupancy.reserve().then(|| {
-            occupancy.ghosts.created(hash);
+            occupancy.pace.ghosts.created(hash);
             self.observer.created()
         })
     }

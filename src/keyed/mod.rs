@@ -2,12 +2,11 @@
 
 mod build;
 mod calls;
-pub(crate) mod ghosts;
 mod handle;
 mod life;
 mod map_path;
 mod observe;
-pub(crate) mod occupancy;
+mod occupancy;
 mod plan;
 mod spend;
 mod sweep;

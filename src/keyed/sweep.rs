@@ -4,10 +4,10 @@
 //!
 //! [`sweep`]: TokenBucketLimiter::sweep
 
-use super::ghosts::Ghosts;
-use super::occupancy::{one_in, SWEEP_SLICE};
 use super::TokenBucketLimiter;
 use crate::guard::Tally;
+use crate::pace::ghosts::Ghosts;
+use crate::pace::{one_in, SWEEP_SLICE};
 use crate::time::{At, Nanos};
 use std::hash::{BuildHasher, Hash};
 
@@ -71,7 +71,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // If a key's `Hash` or `Drop` panics in the slice, the step is
         // abandoned on the way out: its evictions counted, the flag let go
         // (a sweep stuck for good would let the map grow without bound),
-        // and the next step sweeps the slice again.
+        // and the next step starts past the slice.
         let removed = Tally::new(|n| occupancy.abandoned(n));
         let next = self
             .buckets
@@ -86,7 +86,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 let evict = self.evict(key, bucket, step.full_at);
                 removed.add(evict);
                 if let (true, Some(hash)) = (evict, sampled) {
-                    occupancy.ghosts.evicted(hash);
+                    occupancy.pace.ghosts.evicted(hash);
                 }
                 !evict
             });
@@ -100,7 +100,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// the steps its pass has taken (see `loom_api::sweep_position`).
     #[cfg(loom)]
     pub(crate) fn sweep_position(&self) -> (usize, usize) {
-        self.occupancy.position_now()
+        self.occupancy.pace.position_now()
     }
 
     /// Releases memory the map no longer needs after a sweep.

@@ -22,27 +22,26 @@
 //!
 //! # The automatic sweep
 //!
-//! Unless turned off, a call that went through the map and finds enough
-//! keys made since the last step sweeps one slice of a shard
-//! ([`Store::step`]): [`SWEEP_SLICE`] of its table's buckets, after its
-//! decision and with no lock held, the shards in turn, slice by slice
+//! Unless turned off, the in-memory limiter's sweep machine
+//! ([`Pace`](crate::pace::Pace), the same code): a call that finds a step
+//! due (its new keys counted as they are made) sweeps one slice of a
+//! shard ([`Store::step`]): [`SWEEP_SLICE`] of its table's buckets, after
+//! its decision and with no lock held, the shards in turn, slice by slice
 //! (one thread steps at a time; a call that finds a step running skips
-//! it). A pass visits every shard once. A step removes only the buckets
-//! that were already full when the previous pass started (a second
-//! chance: a key called at least once a pass keeps its bucket). A pass
-//! is spread over at least `SHARDS * MIN_STEP` new keys and half of
-//! those the previous pass kept, a step every so many new keys for each
-//! slice the previous pass took; it grows while the keys made are, in a
-//! good share, keys it removed recently, and shrinks otherwise (the
-//! in-memory limiter's rule, over the same ghosts of removed keys). So
-//! the sweep costs a few cell visits per new key, a call pays for one
-//! slice, never for a shard or the map (a shard at 10^6 keys is about
-//! 15,000 cells: milliseconds, when their memory is cold; only a call
-//! refused at the cap sweeps a shard, above), a flood of keys each called
-//! once keeps about three passes of new keys (3,072 at the floor, while
-//! every shard's table is one slice; tables do not shrink, and a pass
-//! takes at least one new key a slice, so after a map of 10^6 keys, about
-//! 8,000 slices, a flood keeps about three times that), and keys that
+//! it). A step removes only the cells that were already full when the
+//! previous pass started (a second chance: a key called at least once a
+//! pass keeps its cell). A pass is spread over at least `SHARDS *
+//! MIN_STEP` new keys (the in-memory limiter's floor is 8,192) and half
+//! of those the previous pass kept; it grows while the keys made are, in
+//! a good share, keys it removed recently, and shrinks otherwise. So the
+//! sweep costs a few cell visits per new key, a call pays for one slice,
+//! never for a shard or the map (a shard at 10^6 keys is about 15,000
+//! cells: milliseconds, when their memory is cold; only a call refused at
+//! the cap sweeps a shard, above), a flood of keys each called once keeps
+//! about three passes of new keys (3,072 at the floor, while every
+//! shard's table is one slice; tables do not shrink, and a pass takes at
+//! least one new key a slice, so after a map of 10^6 keys, about 8,000
+//! slices, a flood keeps about three times that), and keys that
 //! come back are kept. The slices of a shard gather its bound for room
 //! at the cap as they go (the least `full_at` of the cells they keep and
 //! of the cells made meanwhile) and set it when the shard's last slice
@@ -54,12 +53,8 @@ use crate::compound::decide;
 use crate::gcra;
 use crate::guard::Tally;
 use crate::guard::Unwinding;
-use crate::keyed::ghosts::Ghosts;
-// Table buckets a step visits: the in-memory limiter's slice, a few
-// hundred cells at most whatever the size of the shard (a whole shard at
-// 10^6 keys is about 15,000 cells, milliseconds when their memory is cold).
-pub(super) use crate::keyed::occupancy::SWEEP_SLICE;
-use crate::keyed::occupancy::{next_pass_length, one_in};
+use crate::pace::ghosts::Ghosts;
+use crate::pace::{one_in, SWEEP_SLICE};
 use crate::store::Cursor;
 use crate::sync::{unmodeled, Ordering};
 use crate::time::Nanos;
@@ -105,161 +100,42 @@ impl<A: Held + ?Sized, B: Held + ?Sized> Held for (&A, &B) {
 /// New keys a shard's share of the shortest pass: a pass is spread over
 /// at least `SHARDS * MIN_STEP` new keys, and the first pass takes a step
 /// every `MIN_STEP` of them.
-const MIN_STEP: usize = 16;
-
-/// Where the automatic sweep is and when it steps. Only paces the sweep:
-/// `unmodeled` atomics, that loom's models (which never step, see
-/// [`Store::step`]) do not explore.
-pub(super) struct Pace {
-    /// Keys made since the last step.
-    pub(super) made: unmodeled::AtomicUsize,
-    /// New keys between two steps (at least one): the pass's length over
-    /// the previous pass's slices.
-    every: unmodeled::AtomicUsize,
-    /// Set while a step runs, so that one thread steps at a time; it
-    /// guards the fields below. A call that finds it set skips the step.
-    sweeping: unmodeled::AtomicBool,
-    /// The shard the next step visits, and where in it (a slice of
-    /// [`SWEEP_SLICE`] table buckets a step).
-    shard: unmodeled::AtomicUsize,
-    from: unmodeled::AtomicUsize,
-    layout: unmodeled::AtomicU64,
-    /// Steps taken so far in this pass.
-    slices: unmodeled::AtomicUsize,
-    /// The new keys this pass is spread over.
-    length: unmodeled::AtomicUsize,
-    /// Keys the shards swept so far in this pass kept.
-    kept: unmodeled::AtomicUsize,
-    /// The timestamp of the step that started this pass.
-    started: unmodeled::AtomicU64,
-    /// The timestamp of the step that started the previous pass: a step
-    /// removes only buckets full since then.
-    idle_since: unmodeled::AtomicU64,
-}
-
-impl Default for Pace {
-    fn default() -> Self {
-        Pace {
-            made: unmodeled::AtomicUsize::new(0),
-            every: unmodeled::AtomicUsize::new(MIN_STEP),
-            sweeping: unmodeled::AtomicBool::new(false),
-            shard: unmodeled::AtomicUsize::new(0),
-            from: unmodeled::AtomicUsize::new(0),
-            layout: unmodeled::AtomicU64::new(0),
-            slices: unmodeled::AtomicUsize::new(0),
-            length: unmodeled::AtomicUsize::new(SHARDS * MIN_STEP),
-            kept: unmodeled::AtomicUsize::new(0),
-            started: unmodeled::AtomicU64::new(0),
-            idle_since: unmodeled::AtomicU64::new(0),
-        }
-    }
-}
+pub(super) const MIN_STEP: usize = 16;
 
 impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// One step of the automatic sweep at `now`, if one is due (see the
     /// module docs): sweeps the next slice of the shards, in turn, of the
-    /// buckets that were already full when the previous pass started. The
+    /// cells that were already full when the previous pass started. The
     /// caller holds no lock (a shard's, then its cells', are taken here).
     /// Returns how many keys it removed.
     ///
     /// Under loom, never: the models sweep by hand, and `sweep_cells` is
-    /// the code both run.
+    /// the code both run (the pace's protocol is model 9's, over the
+    /// in-memory limiter).
     #[inline]
     pub(crate) fn step(&self, now: Nanos) -> usize {
-        if cfg!(loom) {
+        if cfg!(loom) || !self.pace.due() {
             return 0;
         }
-        let pace = &self.pace;
-        // At least one new key a slice: a pass of the floor's length over
-        // tables that grew large (they do not shrink) takes a step per new
-        // key, never fewer.
-        let every = pace.every.load(unmodeled::Relaxed).max(1);
-        // Relaxed: these counts pace the sweep and order nothing (what is
-        // removed is decided under the locks). Of two calls that find a
-        // step due, the one whose swap takes the count runs it.
-        if pace.made.load(unmodeled::Relaxed) < every {
-            return 0;
-        }
-        let made = pace.made.swap(0, unmodeled::Relaxed);
-        if made < every {
-            // Another call took the count: give back what came since.
-            pace.made.fetch_add(made, unmodeled::Relaxed);
-            return 0;
-        }
-        self.take_step(now, made)
+        self.take_step(now)
     }
 
-    /// The step [`step`](Self::step) found due, for `made` new keys,
-    /// unless another thread's step is running (the count is then given
-    /// back, for the step after it). Out of line: most calls take none.
+    /// The step [`step`](Self::step) found due, unless another thread's
+    /// step is running. Out of line: most calls take none.
     #[inline(never)]
-    fn take_step(&self, now: Nanos, made: usize) -> usize {
+    fn take_step(&self, now: Nanos) -> usize {
         let pace = &self.pace;
-        // Acquire pairs with the Release below: this step sees the place
-        // the previous one left.
-        if pace.sweeping.swap(true, unmodeled::Ordering::Acquire) {
-            pace.made.fetch_add(made, unmodeled::Relaxed);
+        if !pace.take() {
             return 0;
         }
-        // Let go even if a key's `Drop` or `Hash` unwinds in the sweep.
-        let _taken = Unwinding::new(|| pace.sweeping.store(false, unmodeled::Ordering::Release));
-        // Relaxed from here on: the flag orders the steps one after another.
-        let shard = pace.shard.load(unmodeled::Relaxed);
-        // This step is one more slice of the pass, counted before the
-        // sweep, so that a slice that unwinds does not start the pass
-        // again (which would move the second chance's bound).
-        let slices = pace.slices.load(unmodeled::Relaxed) + 1;
-        pace.slices.store(slices, unmodeled::Relaxed);
-        if shard == 0 && slices == 1 {
-            // A pass starts: the previous one's start is now the bound.
-            let previous = pace.started.swap(now.as_u64(), unmodeled::Relaxed);
-            pace.idle_since.store(previous, unmodeled::Relaxed);
-        }
-        // Never above `now`: what goes is full at `now`, so the sweep stays
-        // exact even when timestamps run backwards.
-        let bound = Nanos::new(pace.idle_since.load(unmodeled::Relaxed)).min(now);
-        let at = Cursor {
-            from: pace.from.load(unmodeled::Relaxed),
-            layout: pace.layout.load(unmodeled::Relaxed),
-        };
-        // A slice that unwinds (a key's `Drop` or `Hash` panics) is not
-        // swept again and again: the next step starts past it.
-        let past = Unwinding::new(|| {
-            let from = at.from.saturating_add(SWEEP_SLICE);
-            pace.from.store(from, unmodeled::Relaxed);
-        });
-        let (removed, next) = self.sweep_cells(shard, bound, NO_CELLS, Some(at));
-        past.defuse();
-        let at = match next {
-            Ok(at) => at,
-            Err(kept) => {
-                let kept = pace.kept.fetch_add(kept, unmodeled::Relaxed) + kept;
-                if shard + 1 < self.shards.len() {
-                    pace.shard.store(shard + 1, unmodeled::Relaxed);
-                } else {
-                    // The pass is over: pace the next one, a step a slice.
-                    let length = self.next_pass(pace.length.load(unmodeled::Relaxed), kept);
-                    pace.length.store(length, unmodeled::Relaxed);
-                    pace.every.store(length / slices, unmodeled::Relaxed);
-                    pace.kept.store(0, unmodeled::Relaxed);
-                    pace.shard.store(0, unmodeled::Relaxed);
-                    pace.slices.store(0, unmodeled::Relaxed);
-                }
-                Cursor::default()
-            }
-        };
-        pace.from.store(at.from, unmodeled::Relaxed);
-        pace.layout.store(at.layout, unmodeled::Relaxed);
+        let step = pace.position(now);
+        // A slice that unwinds (a key's `Drop` or `Hash` panics) lets the
+        // step go, and the next step starts past it.
+        let abandoned = Unwinding::new(|| pace.abandoned());
+        let (removed, next) = self.sweep_cells(step.shard, step.full_at, NO_CELLS, Some(step.at));
+        abandoned.defuse();
+        pace.stepped(next, self.shards.len());
         removed
-    }
-
-    /// The new keys the next pass is spread over, after a pass of
-    /// `length` that kept `kept` keys: the in-memory limiter's rule
-    /// ([`next_pass_length`]) over this store's ghosts, with a floor of
-    /// `SHARDS * MIN_STEP`. Keys seen once shrink the passes to the floor;
-    /// keys that come back lengthen them until they are kept.
-    fn next_pass(&self, length: usize, kept: usize) -> usize {
-        next_pass_length(length, kept, &self.ghosts, self.shards.len() * MIN_STEP)
     }
 
     /// Sweeps every shard at `now` (a caller's `sweep`).
@@ -330,7 +206,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     ) -> (usize, Result<Cursor, usize>) {
         let shard = &self.shards[shard];
         let mut map = shard.map.lock();
-        let (ghosts, hasher) = (&self.ghosts, &self.hasher);
+        let (ghosts, hasher) = (&self.pace.ghosts, &self.hasher);
         // The least `full_at` of the cells kept.
         let mut full_from = u64::MAX;
         // Counted as they go, and their places given back even if a key's

@@ -90,7 +90,7 @@ fn an_automatic_step_sweeps_one_slice_of_a_shard() {
     let kept = (0..keys).filter(|i| i % 10 == 0).count();
     // Every step due: as if many keys had been made since the last one.
     let step = |now: Nanos| {
-        store.pace.made.store(usize::MAX / 2, Ordering::Relaxed);
+        store.pace.force_due();
         store.step(now)
     };
     // The first pass only learns when the pass started: it removes
