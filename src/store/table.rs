@@ -24,6 +24,11 @@
 //! the buckets otherwise (a set-aside, a small table's plain growth, a
 //! shrink) changes the table's [`layout`](Table::layout), and a sweep
 //! that sees a new layout starts the table over.
+//!
+//! A table a sweep has thinned out (a flood of keys gone by) shrinks the
+//! same way, a step at a time: when a sweep finishes it with
+//! less than an entry in eight buckets, it is set aside for a table
+//! with room for twice its entries, which writes fill from it.
 
 // Under loom only the compound store uses tables, and not all of this.
 #![cfg_attr(loom, allow(dead_code))]
@@ -58,6 +63,14 @@ const SCAN_PER_MOVE: usize = 16;
 /// Tables this small grow the plain way: their rehash costs less than a
 /// few moves do.
 const SMALL: usize = 128;
+
+/// A table whose sweep leaves less than one entry in this many of its
+/// buckets shrinks (see [`Table::retain_slice`]).
+const SPARSE: usize = 8;
+
+/// Tables of fewer buckets than this never shrink: tens of kilobytes at
+/// most.
+const SHRINK_FROM: usize = 1024;
 
 /// A hash table of `T`, whose hashes the caller computes (`hasher`) and
 /// passes in.
@@ -188,7 +201,7 @@ impl<T> Table<T> {
     /// to `len` buckets from `at.from` if the layout is still `at.layout`
     /// (else from the first bucket). Returns where the next slice starts,
     /// or, when this slice reached the last bucket, the entries the table
-    /// then holds.
+    /// then holds (and shrinks the table if they leave it sparse).
     pub(crate) fn retain_slice(
         &mut self,
         at: Cursor,
@@ -204,7 +217,43 @@ impl<T> Table<T> {
                 layout: self.layout,
             })
         } else {
+            self.shrink_if_sparse();
             Err(self.len())
+        }
+    }
+
+    /// After a sweep went through the whole table (in slices, or at once):
+    /// a `main` that the sweep
+    /// has thinned out to less than an entry in [`SPARSE`] buckets (a flood of
+    /// keys gone by) is set aside as for growth, for a table with room for
+    /// twice its entries, and writes move the entries over a step at a
+    /// time: the memory of a table sized for a peak goes back, and the
+    /// sweep's passes over the shard shorten again, with no call paying
+    /// for a whole table's rehash. The room left (twice the entries: a
+    /// table grows again only once they double, and shrinks again only
+    /// below a quarter of them) keeps a table from shrinking and growing
+    /// by turns.
+    fn shrink_if_sparse(&mut self) {
+        // Buckets, not `capacity()`: a removal that leaves a tombstone
+        // takes its bucket from hashbrown's room until the next rehash.
+        let (len, buckets) = (self.main.len(), self.main.num_buckets());
+        if !self.old.is_empty() || buckets < SHRINK_FROM || len * SPARSE >= buckets {
+            return;
+        }
+        // Room too for the insertions that empty `old` when it is sparse:
+        // each looks at 256 of its buckets (see `move_some`), so `main`
+        // never fills before `old` is empty (which would move the rest of
+        // `old` in one call).
+        let smaller = match len {
+            0 => HashTable::new(),
+            _ => HashTable::with_capacity((2 * len).max(buckets / 128)),
+        };
+        self.old = std::mem::replace(&mut self.main, smaller);
+        self.old_next = 0;
+        self.layout += 1;
+        if self.old.is_empty() {
+            // Nothing to move: the memory goes now.
+            self.old = HashTable::new();
         }
     }
 
@@ -274,10 +323,12 @@ impl<T> Table<T> {
         self.layout += 1;
     }
 
-    /// Keeps the entries for which `keep` returns true.
+    /// Keeps the entries for which `keep` returns true; shrinks the table
+    /// if that leaves it sparse (see [`retain_slice`](Self::retain_slice)).
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&mut T) -> bool) {
         self.main.retain(&mut keep);
         self.old.retain(keep);
+        self.shrink_if_sparse();
     }
 
     /// Removes the entry `eq` accepts if `remove` returns true for it;

@@ -39,9 +39,11 @@
 //! cells: milliseconds, when their memory is cold; only a call refused at
 //! the cap sweeps a shard, above), a flood of keys each called once keeps
 //! about three passes of new keys (3,072 at the floor, while every
-//! shard's table is one slice; tables do not shrink, and a pass takes at
-//! least one new key a slice, so after a map of 10^6 keys, about 8,000
-//! slices, a flood keeps about three times that), and keys that
+//! shard's table is one slice; a pass takes at least one new key a
+//! slice, so while the tables of a map of 10^6 keys, about 8,000 slices,
+//! are that large, a flood keeps about three times that, until the
+//! sweep has thinned them out and they shrink, a step at a time, see
+//! `store::Table`), and keys that
 //! come back are kept. The slices of a shard gather its bound for room
 //! at the cap as they go (the least `full_at` of the cells they keep and
 //! of the cells made meanwhile) and set it when the shard's last slice

@@ -281,3 +281,74 @@ fn a_hash_that_panics_during_a_move_loses_no_entry() {
     }
     assert_eq!(table.len(), held);
 }
+
+/// A table that a sweep in slices thins out to a few entries shrinks when
+/// the sweep finishes it: set aside for a table with room for twice its
+/// entries, which writes fill a step at a time (no write moves more than
+/// a step), losing nothing; its memory goes once the last entry moved.
+/// A table a sweep leaves well used keeps its room.
+#[test]
+fn a_table_thinned_out_by_the_sweep_shrinks_a_step_at_a_time() {
+    use super::{Cursor, STEP};
+    let sweep = |table: &mut Table<u64>, keep: &dyn Fn(u64) -> bool| {
+        let mut at = Cursor::default();
+        loop {
+            match table.retain_slice(at, 256, |v| keep(*v)) {
+                Ok(next) => at = next,
+                Err(left) => return left,
+            }
+        }
+    };
+    let mut table = Table::default();
+    for x in 0..100_000u64 {
+        table.insert(hash(&x), x, hash);
+    }
+    while !table.old.is_empty() {
+        table.step(hash);
+    }
+    let peak = table.main.allocation_size();
+    // Half the entries left: no shrink.
+    assert_eq!(sweep(&mut table, &|x| x % 2 == 0), 50_000);
+    assert!(table.old.is_empty());
+    assert_eq!(table.main.allocation_size(), peak);
+    // 500 left: a table with room for about twice that takes their place.
+    assert_eq!(sweep(&mut table, &|x| x % 200 == 0), 500);
+    assert_eq!(table.old.len(), 500, "set aside");
+    assert!(
+        table.main.capacity() < 2_000,
+        "room for {}",
+        table.main.capacity()
+    );
+    let (old_buckets, layout) = (table.old.num_buckets(), table.layout());
+    let mut next = 100_000u64;
+    while !table.old.is_empty() {
+        let before = table.old.len();
+        table.insert(hash(&next), next, hash);
+        assert!(before - table.old.len() <= STEP);
+        next += 1;
+    }
+    // Each insertion looks at 256 of the sparse table's buckets, and the
+    // new table had room for those insertions: no set-aside on the way.
+    assert!(next - 100_000 <= (old_buckets / 256) as u64);
+    assert_eq!(
+        table.layout(),
+        layout + 1,
+        "only the memory's release moved buckets"
+    );
+    assert_eq!(
+        table.old.allocation_size(),
+        0,
+        "the big table's memory went"
+    );
+    assert!(table.main.allocation_size() * 16 < peak);
+    for x in (0..100_000).step_by(200).chain(100_000..next) {
+        assert_eq!(table.find(hash(&x), |v| *v == x), Some(&x));
+    }
+    assert_eq!(table.len(), 500 + (next - 100_000) as usize);
+    // Every entry gone: the memory goes at once.
+    assert_eq!(sweep(&mut table, &|_| false), 0);
+    assert_eq!(
+        table.main.allocation_size() + table.old.allocation_size(),
+        0
+    );
+}
