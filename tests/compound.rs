@@ -838,3 +838,28 @@ fn a_key_whose_hash_panics_in_the_sweep_leaves_no_dead_cell() {
     });
     assert_eq!(denied, 0, "full buckets denied a call");
 }
+
+/// An automatic step that unwinds (a key's drop panics when the step
+/// removes it) is let go: the panic reaches the call that stepped, and the
+/// sweep goes on, keeping the flood bounded (a step left holding the
+/// sweep for ever would let the map grow).
+#[test]
+fn an_automatic_step_that_unwinds_lets_the_sweep_go_on() {
+    let limiter = CompoundLimiter::<DropsBadly, _>::with_hasher(std::hash::RandomState::new())
+        .with_hot_key_cache(false);
+    let burst = Policy::from(keyrate::Quota::new(1e6, 1).unwrap());
+    let mut panicked = 0;
+    for id in 0..50_000u64 {
+        let key = if id == 0 {
+            DropsBadly::boom(0)
+        } else {
+            DropsBadly::new(id)
+        };
+        let now = id as f64 / 1e6;
+        if panics(|| assert!(limiter.check(&key, &burst, now, 1).is_ok())) {
+            panicked += 1;
+        }
+    }
+    assert_eq!(panicked, 1, "the first key's drop panicked once");
+    assert!(limiter.len() <= 4 * 64 * 16, "{} keys held", limiter.len());
+}

@@ -82,11 +82,11 @@ impl Occupancy {
     }
 
     /// Lets go of a sweep step that unwound after removing `removed`
-    /// buckets: they are counted, and the next step starts past the slice
-    /// (see [`Pace::abandoned`]).
-    pub(super) fn abandoned(&self, removed: usize) {
+    /// buckets, out of `shards` shards: they are counted, and the next step
+    /// starts at the next shard (see [`Pace::abandoned`]).
+    pub(super) fn abandoned(&self, removed: usize, shards: usize) {
         self.release(removed);
-        self.pace.abandoned();
+        self.pace.abandoned(shards);
     }
 
     fn capped(&self) -> bool {

@@ -24,6 +24,12 @@
 //! passes' worth (at the floor: three times the store's fewest keys a
 //! pass), plus the keys spent within one refill time.
 //!
+//! These bounds count new keys, whatever the threads: a step takes its
+//! own count when it begins, so keys made while it runs count toward the
+//! next steps. A thread descheduled while it holds a step holds up the
+//! sweep, and the keys made meanwhile stay until the steps owed, taken
+//! one call after another, have caught up.
+//!
 //! The protocol: a thread whose new key finds a step due takes `sweeping`
 //! with a swap (Acquire); it alone reads and writes the place fields
 //! (`shard` to `idle_since`, all `Relaxed`) and lets the flag go with a
@@ -214,13 +220,31 @@ impl Pace {
     /// thread that loses the race skips the step; the winner takes it for
     /// everyone.
     pub(crate) fn take(&self) -> bool {
-        // Acquire pairs with the Release in `stepped`: this step sees the
+        // Acquire pairs with the Release in `let_go`: this step sees the
         // place the previous step left.
         #[cfg(loom)]
-        if let Some(taken) = self.flawed_take() {
-            return taken;
+        let taken = self
+            .flawed_take()
+            .unwrap_or_else(|| !self.sweeping.swap(true, Ordering::Acquire));
+        #[cfg(not(loom))]
+        let taken = !self.sweeping.swap(true, Ordering::Acquire);
+        if taken {
+            // The step takes its count now, not when it ends, and only its
+            // own: the keys other threads make while it runs (or while the
+            // thread that holds it is descheduled) count toward the next
+            // steps, which follow at once until they have caught up. Wiped
+            // instead, two threads flooding new keys stretched each pass
+            // over several times its length, and the map with it. Calls
+            // that ask whether a step is due while this one runs find none
+            // unless more are owed. Relaxed: as in `counted`.
+            let step_at = self.step_at.load(Ordering::Relaxed);
+            let _ = self
+                .pressure
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |pressure| {
+                    Some(pressure.saturating_sub(step_at))
+                });
         }
-        !self.sweeping.swap(true, Ordering::Acquire)
+        taken
     }
 
     /// Under loom, a broken twin's way to take the flag (see
@@ -288,6 +312,26 @@ impl Pace {
     /// leaving that many entries there, out of `shards` shards; ends the
     /// pass after the last shard, paces the next one, and lets the flag go.
     pub(crate) fn stepped(&self, next: Result<Cursor, usize>, shards: usize) {
+        self.advance(next, shards);
+        self.let_go();
+    }
+
+    /// Lets go of a step that unwound (a key's `Hash` or `Drop` panicked in
+    /// its slice), out of `shards` shards: the rest of its shard waits for
+    /// the next pass, and the next step, due at once, starts at the next
+    /// shard (or the next pass), so that a key that panics every time
+    /// cannot hold the sweep on one slice for ever, nor start the pass
+    /// again (which would move the second chance's bound).
+    pub(crate) fn abandoned(&self, shards: usize) {
+        self.advance(Err(0), shards);
+        // Relaxed: as in `counted`.
+        let step_at = self.step_at.load(Ordering::Relaxed);
+        self.pressure.fetch_add(step_at, Ordering::Relaxed);
+        self.let_go();
+    }
+
+    /// The place after a step (see `stepped`).
+    fn advance(&self, next: Result<Cursor, usize>, shards: usize) {
         // Relaxed: the place fields are guarded by `sweeping` (see
         // `position`); `pressure` and `step_at` only pace (see `counted`).
         let slices = self.slices.load(Ordering::Relaxed) + 1;
@@ -316,23 +360,6 @@ impl Pace {
             self.step_at
                 .store((length / slices).max(1), Ordering::Relaxed);
         }
-        self.pressure.store(0, Ordering::Relaxed);
-        self.let_go();
-    }
-
-    /// Lets go of a step that unwound (a key's `Hash` or `Drop` panicked in
-    /// its slice): the slice counts as taken and the next step starts past
-    /// it, so that a key that panics every time cannot hold the sweep on
-    /// one slice for ever, nor start the pass again (which would move the
-    /// second chance's bound). The step that is due stays due.
-    pub(crate) fn abandoned(&self) {
-        // Relaxed: guarded by `sweeping` (see `position`).
-        let from = self.from.load(Ordering::Relaxed);
-        self.from
-            .store(from.saturating_add(SWEEP_SLICE), Ordering::Relaxed);
-        let slices = self.slices.load(Ordering::Relaxed);
-        self.slices.store(slices + 1, Ordering::Relaxed);
-        self.let_go();
     }
 
     fn let_go(&self) {

@@ -57,31 +57,96 @@ fn a_pass_takes_a_step_a_slice_and_bounds_the_next_by_its_start() {
     pace.stepped(Err(0), 2);
 }
 
-/// A step that unwinds counts its slice and lets the next start past it:
-/// the pass does not start again (its bound stays), and the flag is free.
+/// A step that unwinds lets the next start at the next shard, in the same
+/// pass (its bound stays), at once; the flag is free.
 #[test]
-fn an_abandoned_step_moves_past_its_slice_within_the_pass() {
-    // One shard: a pass is one step (while nothing unwinds).
-    let pace = Pace::new(64, 1);
-    pace.force_due();
+fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
+    let pace = Pace::new(64, 2);
+    // A whole pass (two steps), so that the next one has a bound.
+    for (now, next) in [(SEC, Err(5)), (2 * SEC, Err(5))] {
+        while !pace.counted() {}
+        assert!(pace.take());
+        pace.position(Nanos::new(now));
+        pace.stepped(next, 2);
+    }
+    // The second pass's first step, in the middle of shard 0, unwinds.
+    while !pace.counted() {}
     assert!(pace.take());
-    pace.position(Nanos::new(SEC));
-    pace.stepped(Err(0), 1);
-    assert!(pace.take());
-    pace.position(Nanos::new(2 * SEC));
-    pace.stepped(Err(0), 1);
-    // The third pass's first step unwinds.
-    pace.force_due();
-    assert!(pace.take());
+    assert!(!pace.due(), "the step took the count");
     let step = pace.position(Nanos::new(3 * SEC));
-    assert_eq!(step.full_at, Nanos::new(2 * SEC));
-    pace.abandoned();
-    assert!(pace.due(), "the step that was due stays due");
+    assert_eq!((step.shard, step.full_at), (0, Nanos::new(SEC)));
+    pace.abandoned(2);
+    assert!(pace.due(), "the next step is due at once");
     assert!(pace.take(), "the flag was let go");
     let next = pace.position(Nanos::new(4 * SEC));
     assert_eq!(
-        (next.shard, next.at.from, next.full_at),
-        (0, SWEEP_SLICE, Nanos::new(2 * SEC)),
-        "the next step starts past the slice, in the same pass"
+        (next.shard, next.at, next.full_at),
+        (1, Cursor::default(), Nanos::new(SEC)),
+        "the next step starts at the next shard, in the same pass"
     );
+    // Abandoned in the last shard: the pass ends, and the next begins.
+    pace.abandoned(2);
+    assert!(pace.take());
+    let next = pace.position(Nanos::new(5 * SEC));
+    assert_eq!((next.shard, next.full_at), (0, Nanos::new(3 * SEC)));
+}
+
+/// New keys made while a step runs count toward the next step: the step
+/// took the count when it began, not when it ended.
+#[test]
+fn keys_made_during_a_step_count_toward_the_next() {
+    // A step every 30 new keys, each counted.
+    let pace = Pace::new(60, 2);
+    while !pace.counted() {}
+    assert!(pace.take());
+    pace.position(Nanos::new(SEC));
+    // Another thread makes 30 keys meanwhile: the step after is due, but
+    // not taken while this one runs.
+    let due = (0..30).filter(|_| pace.counted()).count();
+    assert_eq!(due, 1, "the 30th key found a step due");
+    assert!(!pace.take());
+    pace.stepped(
+        Ok(Cursor {
+            from: 256,
+            layout: 1,
+        }),
+        2,
+    );
+    assert!(pace.due(), "the keys made during the step were kept");
+    assert!(pace.take());
+}
+
+/// New keys made while the thread that holds a step is held up (30 steps'
+/// worth) are owed: the steps after it follow one another at once until
+/// they have caught up, each taking its own count.
+#[test]
+fn steps_owed_are_taken_one_after_another() {
+    let pace = Pace::new(60, 2);
+    while !pace.counted() {}
+    assert!(pace.take());
+    pace.position(Nanos::new(SEC));
+    for _ in 0..30 * 30 {
+        pace.counted();
+    }
+    pace.stepped(
+        Ok(Cursor {
+            from: 256,
+            layout: 1,
+        }),
+        2,
+    );
+    let mut steps = 0;
+    while pace.due() {
+        assert!(pace.take());
+        pace.position(Nanos::new(SEC));
+        pace.stepped(
+            Ok(Cursor {
+                from: 256,
+                layout: 1,
+            }),
+            2,
+        );
+        steps += 1;
+    }
+    assert_eq!(steps, 30);
 }

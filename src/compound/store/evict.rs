@@ -24,7 +24,7 @@
 //!
 //! Unless turned off, the in-memory limiter's sweep machine
 //! ([`Pace`](crate::pace::Pace), the same code): a call that finds a step
-//! due (its new keys counted as they are made) sweeps one slice of a
+//! due (new keys counted, by sample, as they are made) sweeps one slice of a
 //! shard ([`Store::step`]): [`SWEEP_SLICE`] of its table's buckets, after
 //! its decision and with no lock held, the shards in turn, slice by slice
 //! (one thread steps at a time; a call that finds a step running skips
@@ -132,11 +132,14 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         }
         let step = pace.position(now);
         // A slice that unwinds (a key's `Drop` or `Hash` panics) lets the
-        // step go, and the next step starts past it.
-        let abandoned = Unwinding::new(|| pace.abandoned());
+        // step go, and the next step starts at the next shard (the rest
+        // of this one, and its bound for room at the cap, wait for the
+        // next pass).
+        let shards = self.shards.len();
+        let abandoned = Unwinding::new(|| pace.abandoned(shards));
         let (removed, next) = self.sweep_cells(step.shard, step.full_at, NO_CELLS, Some(step.at));
         abandoned.defuse();
-        pace.stepped(next, self.shards.len());
+        pace.stepped(next, shards);
         removed
     }
 
