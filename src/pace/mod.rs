@@ -131,8 +131,9 @@ pub(crate) struct Step {
 
 /// The automatic sweep's pace and place (see the module docs).
 pub(crate) struct Pace {
-    /// New keys since the last step, counted by sample where steps are
-    /// far apart (see `counted`).
+    /// New keys no step has taken yet (each step takes `step_at` of them
+    /// when it begins), counted by sample where steps are far apart (see
+    /// `counted`).
     pressure: CachePadded<AtomicUsize>,
     /// The `pressure` at which the next step is due: the pass's length
     /// divided among the previous pass's slices, at least 1.

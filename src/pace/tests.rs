@@ -2,6 +2,13 @@ use super::*;
 
 const SEC: u64 = 1_000_000_000;
 
+/// Counts new keys until a step is due, takes it, and places it at `secs`.
+fn take_due_step(pace: &Pace, secs: u64) -> Step {
+    while !pace.counted() {}
+    assert!(pace.take());
+    pace.position(Nanos::new(secs * SEC))
+}
+
 /// A pass over two shards, one slice each, then a second: the second
 /// pass's steps remove what was full when the first started, and a step
 /// is due again after a slice's share of the pass's new keys.
@@ -63,11 +70,9 @@ fn a_pass_takes_a_step_a_slice_and_bounds_the_next_by_its_start() {
 fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
     let pace = Pace::new(64, 2);
     // A whole pass (two steps), so that the next one has a bound.
-    for (now, next) in [(SEC, Err(5)), (2 * SEC, Err(5))] {
-        while !pace.counted() {}
-        assert!(pace.take());
-        pace.position(Nanos::new(now));
-        pace.stepped(next, 2);
+    for secs in [1, 2] {
+        take_due_step(&pace, secs);
+        pace.stepped(Err(5), 2);
     }
     // The second pass's first step, in the middle of shard 0, unwinds.
     while !pace.counted() {}
@@ -97,9 +102,7 @@ fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
 fn keys_made_during_a_step_count_toward_the_next() {
     // A step every 30 new keys, each counted.
     let pace = Pace::new(60, 2);
-    while !pace.counted() {}
-    assert!(pace.take());
-    pace.position(Nanos::new(SEC));
+    take_due_step(&pace, 1);
     // Another thread makes 30 keys meanwhile: the step after is due, but
     // not taken while this one runs.
     let due = (0..30).filter(|_| pace.counted()).count();
@@ -122,9 +125,7 @@ fn keys_made_during_a_step_count_toward_the_next() {
 #[test]
 fn steps_owed_are_taken_one_after_another() {
     let pace = Pace::new(60, 2);
-    while !pace.counted() {}
-    assert!(pace.take());
-    pace.position(Nanos::new(SEC));
+    take_due_step(&pace, 1);
     for _ in 0..30 * 30 {
         pace.counted();
     }
