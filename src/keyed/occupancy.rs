@@ -75,18 +75,18 @@ impl Occupancy {
 
     /// Records a sweep step that removed `removed` buckets from its shard,
     /// and stopped at `next` in it, or finished it leaving that many
-    /// buckets there, out of `shards` shards (see [`Pace::stepped`]).
-    pub(super) fn stepped(&self, removed: usize, next: Result<Cursor, usize>, shards: usize) {
+    /// buckets there (see [`Pace::stepped`]).
+    pub(super) fn stepped(&self, removed: usize, next: Result<Cursor, usize>) {
         self.release(removed);
-        self.pace.stepped(next, shards);
+        self.pace.stepped(next);
     }
 
     /// Lets go of a sweep step that unwound after removing `removed`
-    /// buckets, out of `shards` shards: they are counted, and the next step
-    /// starts at the next shard (see [`Pace::abandoned`]).
-    pub(super) fn abandoned(&self, removed: usize, shards: usize) {
+    /// buckets: they are counted, and the next step starts at the next
+    /// shard (see [`Pace::abandoned`]).
+    pub(super) fn abandoned(&self, removed: usize) {
         self.release(removed);
-        self.pace.abandoned(shards);
+        self.pace.abandoned();
     }
 
     fn capped(&self) -> bool {

@@ -72,8 +72,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // abandoned on the way out: its evictions counted, the flag let go
         // (a sweep stuck for good would let the map grow without bound),
         // and the next step starts at the next shard.
-        let shards = self.buckets.shard_count();
-        let removed = Tally::new(|n| occupancy.abandoned(n, shards));
+        let removed = Tally::new(|n| occupancy.abandoned(n));
         let next = self
             .buckets
             .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
@@ -93,7 +92,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             });
         // Settled by `stepped`, which counts the evictions and lets go.
         let removed = removed.forget();
-        occupancy.stepped(removed, next, shards);
+        occupancy.stepped(removed, next);
         self.observer.counters.swept(removed, started.elapsed());
     }
 

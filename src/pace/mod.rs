@@ -161,6 +161,8 @@ pub(crate) struct Pace {
     pub(crate) ghosts: Ghosts,
     /// The fewest new keys a pass is spread over.
     floor: usize,
+    /// The shards a pass visits.
+    shards: usize,
 }
 
 impl Pace {
@@ -181,6 +183,7 @@ impl Pace {
             idle_since: AtomicU64::new(0),
             ghosts: Ghosts::new(),
             floor,
+            shards,
         }
     }
 
@@ -310,21 +313,21 @@ impl Pace {
     }
 
     /// Records a step that stopped at `next` in its shard, or finished it
-    /// leaving that many entries there, out of `shards` shards; ends the
-    /// pass after the last shard, paces the next one, and lets the flag go.
-    pub(crate) fn stepped(&self, next: Result<Cursor, usize>, shards: usize) {
-        self.advance(next, shards);
+    /// leaving that many entries there; ends the pass after the last
+    /// shard, paces the next one, and lets the flag go.
+    pub(crate) fn stepped(&self, next: Result<Cursor, usize>) {
+        self.advance(next);
         self.let_go();
     }
 
     /// Lets go of a step that unwound (a key's `Hash` or `Drop` panicked in
-    /// its slice), out of `shards` shards: the rest of its shard waits for
+    /// its slice): the rest of its shard waits for
     /// the next pass, and the next step, due at once, starts at the next
     /// shard (or the next pass), so that a key that panics every time
     /// cannot hold the sweep on one slice for ever, nor start the pass
     /// again (which would move the second chance's bound).
-    pub(crate) fn abandoned(&self, shards: usize) {
-        self.advance(Err(0), shards);
+    pub(crate) fn abandoned(&self) {
+        self.advance(Err(0));
         // Relaxed: as in `counted`.
         let step_at = self.step_at.load(Ordering::Relaxed);
         self.pressure.fetch_add(step_at, Ordering::Relaxed);
@@ -332,7 +335,7 @@ impl Pace {
     }
 
     /// The place after a step (see `stepped`).
-    fn advance(&self, next: Result<Cursor, usize>, shards: usize) {
+    fn advance(&self, next: Result<Cursor, usize>) {
         // Relaxed: the place fields are guarded by `sweeping` (see
         // `position`); `pressure` and `step_at` only pace (see `counted`).
         let slices = self.slices.load(Ordering::Relaxed) + 1;
@@ -346,7 +349,7 @@ impl Pace {
         };
         self.from.store(at.from, Ordering::Relaxed);
         self.layout.store(at.layout, Ordering::Relaxed);
-        if shard < shards {
+        if shard < self.shards {
             self.shard.store(shard, Ordering::Relaxed);
             self.slices.store(slices, Ordering::Relaxed);
         } else {

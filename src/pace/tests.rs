@@ -27,12 +27,12 @@ fn a_pass_takes_a_step_a_slice_and_bounds_the_next_by_its_start() {
         (first.shard, first.at, first.full_at),
         (0, Cursor::default(), Nanos::ZERO)
     );
-    pace.stepped(Err(10), 2);
+    pace.stepped(Err(10));
     assert!(!pace.due(), "the step took the count");
     assert!(pace.take());
     let second = pace.position(Nanos::new(6 * SEC));
     assert_eq!((second.shard, second.full_at), (1, Nanos::ZERO));
-    pace.stepped(Err(10), 2);
+    pace.stepped(Err(10));
     // The second pass: bounded by the first's start (5 s), never by `now`
     // unless `now` is earlier.
     assert!(pace.take());
@@ -40,13 +40,10 @@ fn a_pass_takes_a_step_a_slice_and_bounds_the_next_by_its_start() {
         pace.position(Nanos::new(9 * SEC)).full_at,
         Nanos::new(5 * SEC)
     );
-    pace.stepped(
-        Ok(Cursor {
-            from: 256,
-            layout: 3,
-        }),
-        2,
-    );
+    pace.stepped(Ok(Cursor {
+        from: 256,
+        layout: 3,
+    }));
     assert!(pace.take());
     let step = pace.position(Nanos::new(4 * SEC));
     assert_eq!(
@@ -61,7 +58,7 @@ fn a_pass_takes_a_step_a_slice_and_bounds_the_next_by_its_start() {
         ),
         "the same shard's next slice, bounded by a `now` that ran backwards"
     );
-    pace.stepped(Err(0), 2);
+    pace.stepped(Err(0));
 }
 
 /// A step that unwinds lets the next start at the next shard, in the same
@@ -72,7 +69,7 @@ fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
     // A whole pass (two steps), so that the next one has a bound.
     for secs in [1, 2] {
         take_due_step(&pace, secs);
-        pace.stepped(Err(5), 2);
+        pace.stepped(Err(5));
     }
     // The second pass's first step, in the middle of shard 0, unwinds.
     while !pace.counted() {}
@@ -80,7 +77,7 @@ fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
     assert!(!pace.due(), "the step took the count");
     let step = pace.position(Nanos::new(3 * SEC));
     assert_eq!((step.shard, step.full_at), (0, Nanos::new(SEC)));
-    pace.abandoned(2);
+    pace.abandoned();
     assert!(pace.due(), "the next step is due at once");
     assert!(pace.take(), "the flag was let go");
     let next = pace.position(Nanos::new(4 * SEC));
@@ -90,7 +87,7 @@ fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
         "the next step starts at the next shard, in the same pass"
     );
     // Abandoned in the last shard: the pass ends, and the next begins.
-    pace.abandoned(2);
+    pace.abandoned();
     assert!(pace.take());
     let next = pace.position(Nanos::new(5 * SEC));
     assert_eq!((next.shard, next.full_at), (0, Nanos::new(3 * SEC)));
@@ -108,13 +105,10 @@ fn keys_made_during_a_step_count_toward_the_next() {
     let due = (0..30).filter(|_| pace.counted()).count();
     assert_eq!(due, 1, "the 30th key found a step due");
     assert!(!pace.take());
-    pace.stepped(
-        Ok(Cursor {
-            from: 256,
-            layout: 1,
-        }),
-        2,
-    );
+    pace.stepped(Ok(Cursor {
+        from: 256,
+        layout: 1,
+    }));
     assert!(pace.due(), "the keys made during the step were kept");
     assert!(pace.take());
 }
@@ -129,24 +123,18 @@ fn steps_owed_are_taken_one_after_another() {
     for _ in 0..30 * 30 {
         pace.counted();
     }
-    pace.stepped(
-        Ok(Cursor {
-            from: 256,
-            layout: 1,
-        }),
-        2,
-    );
+    pace.stepped(Ok(Cursor {
+        from: 256,
+        layout: 1,
+    }));
     let mut steps = 0;
     while pace.due() {
         assert!(pace.take());
         pace.position(Nanos::new(SEC));
-        pace.stepped(
-            Ok(Cursor {
-                from: 256,
-                layout: 1,
-            }),
-            2,
-        );
+        pace.stepped(Ok(Cursor {
+            from: 256,
+            layout: 1,
+        }));
         steps += 1;
     }
     assert_eq!(steps, 30);

@@ -135,11 +135,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         // step go, and the next step starts at the next shard (the rest
         // of this one, and its bound for room at the cap, wait for the
         // next pass).
-        let shards = self.shards.len();
-        let abandoned = Unwinding::new(|| pace.abandoned(shards));
+        let abandoned = Unwinding::new(|| pace.abandoned());
         let (removed, next) = self.sweep_cells(step.shard, step.full_at, NO_CELLS, Some(step.at));
         abandoned.defuse();
-        pace.stepped(next, shards);
+        pace.stepped(next);
         removed
     }
 
