@@ -240,13 +240,14 @@ impl<T> Table<T> {
         if !self.old.is_empty() || buckets < SHRINK_FROM || len * SPARSE >= buckets {
             return;
         }
-        // Room too for the insertions that empty `old` when it is sparse:
-        // each looks at 256 of its buckets (see `move_some`), so `main`
-        // never fills before `old` is empty (which would move the rest of
-        // `old` in one call).
+        // Room too, twice over, for the insertions that empty `old` when
+        // it is sparse: each looks at `STEP * SCAN_PER_MOVE` of its
+        // buckets (see `move_some`), so `main` never fills before `old` is
+        // empty (which would move the rest of `old` in one call).
+        let emptying = buckets / (STEP * SCAN_PER_MOVE);
         let smaller = match len {
             0 => HashTable::new(),
-            _ => HashTable::with_capacity((2 * len).max(buckets / 128)),
+            _ => HashTable::with_capacity((2 * len).max(2 * emptying)),
         };
         self.old = std::mem::replace(&mut self.main, smaller);
         self.old_next = 0;
