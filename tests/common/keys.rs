@@ -44,6 +44,15 @@ impl DropsBadly {
             ..DropsBadly::new(id)
         }
     }
+
+    /// Key `id` of a flood whose first key (0) is [`boom`](Self::boom)'s
+    /// and every other quiet.
+    pub fn in_flood(id: u64) -> Self {
+        match id {
+            0 => DropsBadly::boom(0),
+            _ => DropsBadly::new(id),
+        }
+    }
 }
 
 impl Clone for DropsBadly {
