@@ -3,7 +3,7 @@
 //! No test here sleeps or reads a clock: the tests stamp every call, and
 //! the one test with two threads keeps them in step by counts. Besides the
 //! calls, the automatic sweep's pace depends on the hasher (the shard a
-//! key lands in, and the keys its ghosts watch: one in 256, by hash bits),
+//! key lands in, and the keys its ghosts watch: one in 64, by hash bits),
 //! fixed in every test whose assertions read the pace (`paced`: a
 //! fixed-key hasher), and, where its steps are 32 creations apart or more,
 //! on a sample of one creation in eight from a per-thread generator whose
@@ -191,9 +191,9 @@ fn keys_calling_below_their_rate_are_created_once_among_new_keys() {
 
 /// Keys that come back only after the sweep evicted them (here 50,000
 /// keys in turn, each called every 50,000 calls, far apart for passes of
-/// 8192 creations) lengthen the passes until they are kept: after a few
-/// rounds, only the never-seen keys mixed in (one call in 100) create
-/// buckets. Keys seen once (the test above) never do this.
+/// 8192 creations) lengthen the passes until they are kept: from the
+/// third round on, only the never-seen keys mixed in (one call in 100)
+/// create buckets. Keys seen once (the test above) never do this.
 #[test]
 fn keys_that_come_back_lengthen_the_passes_until_they_are_kept() {
     const KEYS: u64 = 50_000;
@@ -220,11 +220,11 @@ fn keys_that_come_back_lengthen_the_passes_until_they_are_kept() {
         created_per_round.push(limiter.stats().buckets_created - before);
     }
     let never_seen = KEYS / 100;
-    // Measured: rounds 2 and 3 create 49,800 and about 4,150 buckets, and
-    // every round from the fourth on only the 500 new keys.
+    // Measured: round 2 creates 35,000-44,000 buckets, and every round
+    // from the third on only the 500 new keys.
     assert_eq!(created_per_round[0], KEYS + never_seen);
     assert!(
-        created_per_round.ends_with(&[never_seen; 4]),
+        created_per_round.ends_with(&[never_seen; ROUNDS as usize - 2]),
         "buckets created per round: {created_per_round:?}"
     );
     assert!(limiter.len() >= KEYS as usize);

@@ -216,10 +216,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// random sample once steps are far apart) and half the buckets the
     /// previous pass left, so the cost per created bucket is amortised
     /// O(1) (a few buckets visited per creation) and no call pays for more
-    /// than one slice, whatever the size of the map. Passes grow four times
+    /// than one slice, whatever the size of the map. Passes grow 16 times
     /// as long while a good share of the new buckets are for keys the sweep
     /// evicted in the last few hundred passes (watched on a sample of one
-    /// key in 256, 16 KiB per limiter from its first eviction), so keys
+    /// key in 64, 64 KiB per limiter from its first eviction), so keys
     /// that come back are kept, however far apart their calls; they shrink
     /// by a quarter a pass otherwise.
     ///

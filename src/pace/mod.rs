@@ -63,24 +63,30 @@ const LEFT_PER_NEW_KEY: usize = 2;
 /// removed within the last few hundred passes, counted by sample in
 /// [`Ghosts`]) for the next pass to be [`GROWTH`] times as long: one in
 /// this many, and at least [`RETURNS_TO_GROW`] of the watched keys (each
-/// stands for about 256 returns). A stream of keys each seen once counts
-/// none, so the bar can sit this low: at one in eight and four returns,
-/// passes of 8,192 new keys a third of which were keys first seen (the
-/// everyday benchmark at 10^6 keys) stayed at the floor while 6-9% of
-/// them were returns (`BENCHMARKS.md`, seventh round).
-const RETURNING_SHARE: usize = 32;
+/// stands for about 64 returns). A stream of keys each seen once counts
+/// none, so the bar can sit this low. While a map fills up, most new keys
+/// are first sightings, so the returns' share is low even when every key
+/// the sweep removes comes back: at one in 32, passes at the floor while
+/// the everyday workload met its 10^6 keys (`examples/pacing.rs`) saw
+/// 1-3.5% of their new keys return for several passes before clearing
+/// the bar (and at one in eight, `BENCHMARKS.md`, seventh round, 6-9%).
+const RETURNING_SHARE: usize = 64;
 const RETURNS_TO_GROW: usize = 2;
 
 /// How much longer the next pass is when the returns clear that bar. A
-/// pass takes its own length in new keys, so passes that must reach a
-/// return interval `r` (in new keys) from the floor take about `r *
-/// GROWTH / (GROWTH - 1)` new keys to get there, re-creating returning
-/// keys all along: at 2, the everyday benchmark at 10^6 keys was still
-/// learning for most of its rounds. 4 learns in two thirds of the new
-/// keys, for at most four times the length the keys need (not two) until
-/// the passes shrink back, a quarter a pass (`BENCHMARKS.md`, seventh
-/// round).
-const GROWTH: usize = 4;
+/// pass takes its own length in new keys, and every pass too short for
+/// the keys removes keys that come back: each pass at the floor that the
+/// everyday workload at 10^6 keys spent learning re-created about 8,000
+/// (a quarter of a percent of its calls), and a return interval a
+/// hundred times the floor took three growths at 4. At 16 the first
+/// returns seen lengthen the passes to about the interval at once
+/// (`examples/pacing.rs`: re-creations over the floor 2.1-4.2% of the
+/// calls at 4 with the sample and bar above, 0.68-1.24% at 16, eight runs
+/// each), for passes up to 16 times the length the keys need until they
+/// shrink back, a quarter a pass: the map then holds the new keys of a
+/// longer window (see the module docs' bound), which keys each seen once
+/// never open.
+const GROWTH: usize = 16;
 
 /// New keys sampled for the pacing: one in this many counts, with this
 /// weight (see [`Pace::counted`]). Under loom, every new key counts, so

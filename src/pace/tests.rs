@@ -139,3 +139,48 @@ fn steps_owed_are_taken_one_after_another() {
     }
     assert_eq!(steps, 30);
 }
+
+/// A pass's length after one in which `watched` new keys were counted by
+/// the ghosts' sample, `returned` of them keys the sweep had removed.
+fn after_pass(length: usize, left: usize, watched: usize, returned: usize) -> usize {
+    let ghosts = Ghosts::new();
+    // Counted: bits 32.. of the hash clear; a returning key is not (bit
+    // 32 set), so that each count is set on its own. Each returning key
+    // has a ghost slot of its own (the low bits), and no fresh key's slot
+    // (0) holds a ghost.
+    let fresh = |i: usize| (i as u64 + 1) << 40;
+    let back = |i: usize| (i as u64 + 1) << 40 | 1 << 32 | (i as u64 + 1);
+    for i in 0..returned {
+        ghosts.evicted(back(i));
+    }
+    for i in 0..watched {
+        ghosts.created(fresh(i));
+    }
+    for i in 0..returned {
+        ghosts.created(back(i));
+    }
+    next_pass_length(length, left, &ghosts, 100)
+}
+
+/// Passes grow `GROWTH` times when at least one new key in
+/// `RETURNING_SHARE` is a return (and at least `RETURNS_TO_GROW` are), and
+/// shrink by a quarter otherwise, never below the floor nor half the
+/// entries the pass left.
+#[test]
+fn passes_grow_with_returning_keys_and_shrink_without() {
+    let bar = RETURNS_TO_GROW * RETURNING_SHARE;
+    assert_eq!(after_pass(1000, 0, 0, 0), 750, "nothing came back");
+    assert_eq!(after_pass(1000, 0, bar, RETURNS_TO_GROW), 1000 * GROWTH);
+    assert_eq!(
+        after_pass(1000, 0, bar + 1, RETURNS_TO_GROW),
+        750,
+        "under the share"
+    );
+    assert_eq!(
+        after_pass(1000, 0, 1, RETURNS_TO_GROW - 1),
+        750,
+        "too few returns"
+    );
+    assert_eq!(after_pass(1000, 4000, 0, 0), 4000 / LEFT_PER_NEW_KEY);
+    assert_eq!(after_pass(110, 0, 0, 0), 100, "the floor");
+}
