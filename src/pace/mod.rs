@@ -80,12 +80,12 @@ const RETURNS_TO_GROW: usize = 2;
 /// (a quarter of a percent of its calls), and a return interval a
 /// hundred times the floor took three growths at 4. At 16 the first
 /// returns seen lengthen the passes to about the interval at once
-/// (`examples/pacing.rs`: re-creations over the floor 2.1-4.2% of the
-/// calls at 4 with the sample and bar above, 0.68-1.24% at 16, eight runs
-/// each), for passes up to 16 times the length the keys need until they
-/// shrink back, a quarter a pass: the map then holds the new keys of a
-/// longer window (see the module docs' bound), which keys each seen once
-/// never open.
+/// (re-creations over the floor, eight runs each of a scratch copy of
+/// `examples/pacing.rs`: 1.09-1.38% of the calls at 4 with the sample
+/// and bar above, 0.68-1.24% at 16), for passes up to 16 times the
+/// length the keys need until they shrink back, a quarter a pass: the
+/// map then holds the new keys of a longer window (see the module docs'
+/// bound), which keys each seen once never open.
 const GROWTH: usize = 16;
 
 /// New keys sampled for the pacing: one in this many counts, with this
