@@ -3,7 +3,7 @@
 //! No test here sleeps or reads a clock: the tests stamp every call, and
 //! the one test with two threads keeps them in step by counts. Besides the
 //! calls, the automatic sweep's pace depends on the hasher (the shard a
-//! key lands in, and the keys its ghosts watch: one in 64, by hash bits),
+//! key lands in, and the keys its ghosts watch: one in 16, by hash bits),
 //! fixed in every test whose assertions read the pace (`paced`: a
 //! fixed-key hasher), and, where its steps are 32 creations apart or more,
 //! on a sample of one creation in eight from a per-thread generator whose

@@ -219,7 +219,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// than one slice, whatever the size of the map. Passes grow 16 times
     /// as long while a good share of the new buckets are for keys the sweep
     /// evicted in the last few hundred passes (watched on a sample of one
-    /// key in 64, 64 KiB per limiter from its first eviction), so keys
+    /// key in 16, 64 KiB per limiter from its first eviction), so keys
     /// that come back are kept, however far apart their calls; they shrink
     /// by a quarter a pass otherwise.
     ///

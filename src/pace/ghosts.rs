@@ -21,20 +21,22 @@ use std::sync::OnceLock;
 
 /// One eviction in this many is recorded, and one creation in this many
 /// counted. Common enough that a pass at the floor (8,192 creations)
-/// counts about 128 of them, and sees the keys it evicted come back
+/// counts about 512 of them, and sees the keys it evicted come back
 /// within a pass or two: at 256, the everyday workload's first sightings
 /// (`examples/pacing.rs`, 10^6 keys) ran four to seven passes at the floor
 /// before two returns were seen, each pass evicting 8,000 keys that came
-/// back (a quarter of a percent of the calls each). Rare enough that a
-/// recorded eviction costs a key's hash a few times per slice swept.
-const SAMPLE: u64 = 64;
+/// back (a quarter of a percent of the calls each); at 64, one to five
+/// (`BENCHMARKS.md`, fifteenth round). Rare enough that the hashes of
+/// the keys recorded (a sixteenth of those a slice evicts, each a cold
+/// read) cost the churn 3 instructions a call (559 against 556).
+const SAMPLE: u64 = 16;
 
 /// Ghost slots: 64 KiB per limiter, allocated on its first recorded
 /// eviction (a limiter that never evicts, or has not yet, carries none).
-/// Enough that the evictions of a pass or two of a million-key map, one
-/// in [`SAMPLE`], do not overwrite each other before their keys come
-/// back (with 4,096, the everyday workload's re-creations at 10^6 keys
-/// read 0.95% of the calls against 0.70, median of eight runs).
+/// Enough that the evictions recorded over a few passes of a million-key
+/// map do not overwrite each other before their keys come back (with
+/// 4,096 and one in 64 recorded, the everyday workload's re-creations at
+/// 10^6 keys read 0.95% of the calls against 0.70, median of eight runs).
 const SLOTS: usize = 1 << SLOT_BITS;
 const SLOT_BITS: u32 = 14;
 

@@ -63,14 +63,18 @@ const LEFT_PER_NEW_KEY: usize = 2;
 /// removed within the last few hundred passes, counted by sample in
 /// [`Ghosts`]) for the next pass to be [`GROWTH`] times as long: one in
 /// this many, and at least [`RETURNS_TO_GROW`] of the watched keys (each
-/// stands for about 64 returns). A stream of keys each seen once counts
+/// stands for about 16 returns). A stream of keys each seen once counts
 /// none, so the bar can sit this low. While a map fills up, most new keys
 /// are first sightings, so the returns' share is low even when every key
 /// the sweep removes comes back: at one in 32, passes at the floor while
 /// the everyday workload met its 10^6 keys (`examples/pacing.rs`) saw
 /// 1-3.5% of their new keys return for several passes before clearing
 /// the bar (and at one in eight, `BENCHMARKS.md`, seventh round, 6-9%).
-const RETURNING_SHARE: usize = 64;
+/// One in 128 with one eviction in 16 sampled: 0.69-0.97% of the calls
+/// made again at 10^6 keys in twenty runs of a scratch copy, against
+/// 0.43-1.50% at one in 64 with one in 64 sampled (`BENCHMARKS.md`,
+/// fifteenth round).
+const RETURNING_SHARE: usize = 128;
 const RETURNS_TO_GROW: usize = 2;
 
 /// How much longer the next pass is when the returns clear that bar. A
@@ -81,11 +85,11 @@ const RETURNS_TO_GROW: usize = 2;
 /// hundred times the floor took three growths at 4. At 16 the first
 /// returns seen lengthen the passes to about the interval at once
 /// (re-creations over the floor, eight runs each of a scratch copy of
-/// `examples/pacing.rs`: 1.09-1.38% of the calls at 4 with the sample
-/// and bar above, 0.68-1.24% at 16), for passes up to 16 times the
-/// length the keys need until they shrink back, a quarter a pass: the
-/// map then holds the new keys of a longer window (see the module docs'
-/// bound), which keys each seen once never open.
+/// `examples/pacing.rs`, one eviction in 64 sampled and a bar of one in
+/// 64: 1.09-1.38% of the calls at 4, 0.68-1.24% at 16), for passes up to
+/// 16 times the length the keys need until they shrink back, a quarter a
+/// pass: the map then holds the new keys of a longer window (see the
+/// module docs' bound), which keys each seen once never open.
 const GROWTH: usize = 16;
 
 /// New keys sampled for the pacing: one in this many counts, with this
