@@ -119,7 +119,7 @@ impl EverydayKeys {
 
 /// The keys keyrate's everyday slices named so far, to count the buckets
 /// no limiter can avoid creating (each key's first call): replayed from
-/// the same picks after each timed slice, outside the timing.
+/// the same picks after each round, outside the timing.
 struct FirstSightings {
     seen: Vec<bool>,
     count: u64,
