@@ -70,7 +70,7 @@ const LEFT_PER_NEW_KEY: usize = 2;
 /// the everyday workload met its 10^6 keys (`examples/pacing.rs`) saw
 /// 1-3.5% of their new keys return for several passes before clearing
 /// the bar (and at one in eight, `BENCHMARKS.md`, seventh round, 6-9%).
-/// One in 128 with one eviction in 16 sampled: 0.69-0.97% of the calls
+/// One in 128 with one eviction in 16 sampled: 0.43-0.97% of the calls
 /// made again at 10^6 keys in twenty runs of a scratch copy, against
 /// 0.43-1.50% at one in 64 with one in 64 sampled (`BENCHMARKS.md`,
 /// fifteenth round).
