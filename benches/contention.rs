@@ -37,8 +37,8 @@
 mod common;
 
 use common::{
-    api_key, mix, AtomicFloor, Competitor, DashTuple, DashWord, Governor, Keyrate, KeyrateHandle,
-    KeyrateUnder, MutexMap, SccBoxWord, Spec,
+    api_key, mix, one_of, AtomicFloor, Competitor, DashTuple, DashWord, Governor, Keyrate,
+    KeyrateHandle, KeyrateUnder, MutexMap, SccBoxWord, Spec,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hash::BuildHasher;
@@ -82,10 +82,7 @@ impl Pick {
     fn key(self, thread: usize, i: u64, state: &mut u64) -> usize {
         match self {
             Pick::Hot => 0,
-            Pick::Spread { n } => {
-                *state = mix(*state);
-                (((*state >> 32) * n as u64) >> 32) as usize
-            }
+            Pick::Spread { n } => one_of(state, n),
             Pick::Churn { per_thread } => thread * per_thread + i as usize,
             Pick::Rotate { k } => (thread + i as usize) % k,
         }

@@ -42,7 +42,7 @@ mod compound;
 use compound::compound;
 
 use common::{
-    api_key, mix, Competitor, DashWord, Governor, Keyrate, KeyrateNanos, KeyrateUnder, Spec,
+    api_key, mix, one_of, Competitor, DashWord, Governor, Keyrate, KeyrateNanos, KeyrateUnder, Spec,
 };
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -111,8 +111,7 @@ impl EverydayKeys {
         if i % NEW_ONE_IN == NEW_ONE_IN - 1 {
             self.new_from + (i / NEW_ONE_IN) as usize
         } else {
-            self.state = mix(self.state);
-            (((self.state >> 32) * self.active as u64) >> 32) as usize
+            one_of(&mut self.state, self.active)
         }
     }
 }
@@ -175,10 +174,9 @@ fn slice<C: Competitor>(
                     // One loop per kind of pick, so that choosing a key
                     // costs the harness no jump table and no division.
                     match pick {
-                        Pick::Spread(n) => run(limiter, &local, base, calls, |_| {
-                            state = mix(state);
-                            (((state >> 32) * n as u64) >> 32) as usize
-                        }),
+                        Pick::Spread(n) => {
+                            run(limiter, &local, base, calls, |_| one_of(&mut state, n))
+                        }
                         Pick::Rotate(k) => {
                             let mut next = thread % k;
                             run(limiter, &local, base, calls, |_| {

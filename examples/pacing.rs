@@ -27,20 +27,11 @@ const SLICE: u64 = 200_000;
 const CALL_NS: u64 = 1_000;
 const BETWEEN_SLICES_NS: u64 = 8 * (SLICE * CALL_NS + 1_000_000_000);
 
-/// splitmix64's finaliser, as the benches pick keys with.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
+/// The benches' key shape and picks (`api_key`, `mix`, `one_of`).
+#[path = "../benches/common/keys.rs"]
+mod keys;
 
-/// An API-key-shaped key, as the benches use.
-fn api_key(n: u64) -> String {
-    let high = mix(n);
-    let low = mix(high ^ n);
-    format!("sk_live_{high:016x}{low:016x}")
-}
+use keys::{api_key, mix, one_of};
 
 /// One run's counts.
 struct Run {
@@ -62,8 +53,7 @@ fn run(keys: &[String], active: usize, slices: u64, new_one_in: u64, seed: u64) 
                 fresh += 1;
                 fresh - 1
             } else {
-                state = mix(state);
-                (((state >> 32) * active as u64) >> 32) as usize
+                one_of(&mut state, active)
             };
             if !seen[key] {
                 seen[key] = true;

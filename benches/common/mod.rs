@@ -6,10 +6,13 @@
 
 pub mod compound;
 mod designs;
+mod keys;
 
 // Each benchmark that includes this module uses some of them.
 #[allow(unused_imports)]
 pub use designs::{AtomicFloor, DashTuple, DashWord, MutexMap, SccBoxWord};
+#[allow(unused_imports)]
+pub use keys::{api_key, mix, one_of};
 
 use keyrate::{BucketHandle, Limiter, TokenBucketLimiter};
 use std::cell::Cell;
@@ -20,23 +23,6 @@ use std::time::Duration;
 /// The seeded hasher keyrate uses by default, for the competitors that
 /// should differ from keyrate only in their map or their state.
 type Fold = foldhash::fast::RandomState;
-
-/// A key shaped like a production API key: `sk_live_` and 32 hex digits,
-/// 40 bytes in all. Distinct `n` give distinct keys.
-pub fn api_key(n: u64) -> String {
-    let high = mix(n);
-    let low = mix(high ^ n);
-    format!("sk_live_{high:016x}{low:016x}")
-}
-
-/// A bijective 64-bit mixer (splitmix64's finaliser), used for keys and as
-/// a cheap pseudo-random step.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
 
 /// A bucket shape, expressed the way every competitor can take it: one token
 /// per `period_ns`, at most `burst` tokens.
