@@ -14,13 +14,17 @@
 //! real clock.
 //!
 //! ```text
-//! cargo bench --bench latency                      # 3 s per competitor
-//! KEYRATE_LATENCY_SECS=10 cargo bench --bench latency
+//! cargo bench --bench latency           # 3 rounds of 3 s per competitor
+//! KEYRATE_LATENCY_SECS=10 KEYRATE_LATENCY_ROUNDS=5 cargo bench --bench latency
 //! KEYRATE_LATENCY_THREADS=1 cargo bench --bench latency  # no lock waits
 //! ```
 //!
-//! Prints one markdown row per competitor: calls timed, p50, p99, p99.9,
-//! p99.99 and max, in microseconds; then, by kind of call (the hot key, a
+//! The competitors run in turn, each round starting one later (a fixed
+//! order would charge the process's first run, whose memory comes fresh
+//! from the kernel, to the same competitor every time), each run on a new
+//! limiter. Prints one markdown row per competitor: calls timed, p50, p99,
+//! p99.9 and p99.99 (medians of the rounds, with their range) and the
+//! worst call, in microseconds; then, by kind of call (the hot key, a
 //! new key, a live key), p99 and p99.9, the worst call and the calls over
 //! 1 ms, which tell what the tail is. The timer itself (two
 //! `Instant::now` readings) adds a few tens of nanoseconds to every
@@ -229,70 +233,128 @@ fn micros(ns: u64) -> String {
     format!("{:.2}", ns as f64 / 1e3)
 }
 
+/// One figure over the rounds: its median, with its range when the
+/// rounds differ.
+fn spread(mut values: Vec<u64>) -> String {
+    values.sort_unstable();
+    let (low, mid, high) = (
+        values[0],
+        values[values.len() / 2],
+        values[values.len() - 1],
+    );
+    if low == high {
+        micros(mid)
+    } else {
+        format!("{} [{}-{}]", micros(mid), micros(low), micros(high))
+    }
+}
+
+/// One competitor's figures from each round.
+#[derive(Default)]
+struct Rounds {
+    calls: Vec<u64>,
+    held: Vec<u64>,
+    /// p50, p99, p99.9, p99.99 of each round's calls.
+    quantiles: [Vec<u64>; 4],
+    max: u64,
+    /// Per kind of call: p99 and p99.9 of each round, the worst call of
+    /// all rounds, and the calls over 1 ms in all rounds.
+    kinds: [(Vec<u64>, Vec<u64>, u64, u64); 3],
+}
+
+impl Rounds {
+    fn add(&mut self, all: &Histogram<u64>, by_kind: &[Histogram<u64>; 3], held: usize) {
+        self.calls.push(all.len());
+        self.held.push(held as u64);
+        for (values, q) in self.quantiles.iter_mut().zip([0.5, 0.99, 0.999, 0.9999]) {
+            values.push(all.value_at_quantile(q));
+        }
+        self.max = self.max.max(all.max());
+        for (kind, h) in self.kinds.iter_mut().zip(by_kind) {
+            kind.0.push(h.value_at_quantile(0.99));
+            kind.1.push(h.value_at_quantile(0.999));
+            kind.2 = kind.2.max(h.max());
+            kind.3 += h.len() - h.count_between(0, 1_000_000);
+        }
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+type Make = fn() -> Arc<dyn Limiter>;
+
 fn main() {
-    let seconds: u64 = std::env::var("KEYRATE_LATENCY_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let threads: u64 = std::env::var("KEYRATE_LATENCY_THREADS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
+    let seconds = env("KEYRATE_LATENCY_SECS", 3);
+    let threads = env("KEYRATE_LATENCY_THREADS", 2);
+    let rounds = env("KEYRATE_LATENCY_ROUNDS", 3).max(1) as usize;
+    let competitors: [(&str, Make); 5] = [
+        ("keyrate `allow`", || {
+            Arc::new(TokenBucketLimiter::new(1.0, 1))
+        }),
+        ("keyrate `allow` over DashMap", || {
+            Arc::new(TokenBucketLimiter::new(1.0, 1).with_store(keyrate::Store::DashMap))
+        }),
+        ("governor keyed + `retain_recent` each second", || {
+            let quota = governor::Quota::per_second(NonZeroU32::new(1).unwrap());
+            Arc::new(GovernorKeyed(governor::RateLimiter::keyed(quota)))
+        }),
+        ("keyrate compound `check`, two quotas", || {
+            Arc::new(Compound::new())
+        }),
+        ("no limiter (the machine alone)", || Arc::new(Nothing)),
+    ];
+    let mut results: Vec<Rounds> = competitors.iter().map(|_| Rounds::default()).collect();
+    let mut reports = Vec::new();
+    for round in 0..rounds {
+        // Each round starts one competitor later: the first run in a
+        // process is the one whose memory the kernel hands out fresh (a
+        // page fault on each first touch), which a fixed order would
+        // charge to the same competitor every time.
+        for turn in 0..competitors.len() {
+            let index = (round + turn) % competitors.len();
+            let (name, make) = competitors[index];
+            let limiter = make();
+            let (all, by_kind, held) = run(&limiter, seconds, threads);
+            if let Some(report) = limiter.report() {
+                reports.push(format!("round {round}, {name}: {report}"));
+            }
+            results[index].add(&all, &by_kind, held);
+        }
+    }
     println!(
-        "{LIVE} live keys, {threads} threads, {seconds} s each: 10% hot key, 30% new keys, \
-         60% live keys; latency in µs"
+        "{LIVE} live keys, {threads} threads, {seconds} s each, {rounds} rounds in turn: 10% hot \
+         key, 30% new keys, 60% live keys; latency in µs, median of the rounds [range]"
     );
     println!();
     println!("| limiter | calls | p50 | p99 | p99.9 | p99.99 | max | buckets at end |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let quota = governor::Quota::per_second(NonZeroU32::new(1).unwrap());
-    let competitors: [(&str, Arc<dyn Limiter>); 5] = [
-        ("keyrate `allow`", Arc::new(TokenBucketLimiter::new(1.0, 1))),
-        (
-            "keyrate `allow` over DashMap",
-            Arc::new(TokenBucketLimiter::new(1.0, 1).with_store(keyrate::Store::DashMap)),
-        ),
-        (
-            "governor keyed + `retain_recent` each second",
-            Arc::new(GovernorKeyed(governor::RateLimiter::keyed(quota))),
-        ),
-        (
-            "keyrate compound `check`, two quotas",
-            Arc::new(Compound::new()),
-        ),
-        ("no limiter (the machine alone)", Arc::new(Nothing)),
-    ];
-    let mut reports = Vec::new();
-    let mut tails = Vec::new();
-    for (name, limiter) in competitors {
-        let (histogram, by_kind, held) = run(&limiter, seconds, threads);
-        reports.extend(limiter.report());
-        let tail: Vec<String> = by_kind
-            .iter()
-            .map(|h| {
-                let (p99, p999) = (h.value_at_quantile(0.99), h.value_at_quantile(0.999));
-                let over = h.len() - h.count_between(0, 1_000_000);
-                format!(
-                    "{} / {} | {} / {over}",
-                    micros(p99),
-                    micros(p999),
-                    micros(h.max())
-                )
-            })
-            .collect();
-        tails.push(format!("| {name} | {} |", tail.join(" | ")));
+    for ((name, _), r) in competitors.iter().zip(&results) {
+        let [p50, p99, p999, p9999] = r.quantiles.clone();
+        let mut calls = r.calls.clone();
+        calls.sort_unstable();
+        let mut held = r.held.clone();
+        held.sort_unstable();
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {held} |",
-            histogram.len(),
-            micros(histogram.value_at_quantile(0.5)),
-            micros(histogram.value_at_quantile(0.99)),
-            micros(histogram.value_at_quantile(0.999)),
-            micros(histogram.value_at_quantile(0.9999)),
-            micros(histogram.max()),
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            calls[calls.len() / 2],
+            spread(p50),
+            spread(p99),
+            spread(p999),
+            spread(p9999),
+            micros(r.max),
+            held[held.len() / 2],
         );
     }
     println!();
-    println!("p99 / p99.9 by kind of call, then its worst call and its calls over 1 ms, µs:");
+    println!(
+        "By kind of call: p99 / p99.9 (medians of the rounds), the worst call and the calls \
+         over 1 ms of all rounds, µs:"
+    );
     println!();
     let kinds: Vec<String> = KINDS
         .iter()
@@ -300,8 +362,20 @@ fn main() {
         .collect();
     println!("| limiter | {} |", kinds.join(" | "));
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for tail in tails {
-        println!("{tail}");
+    for ((name, _), r) in competitors.iter().zip(&results) {
+        let cells: Vec<String> = r
+            .kinds
+            .iter()
+            .map(|(p99, p999, max, over)| {
+                format!(
+                    "{} / {} | {} / {over}",
+                    spread(p99.clone()),
+                    spread(p999.clone()),
+                    micros(*max)
+                )
+            })
+            .collect();
+        println!("| {name} | {} |", cells.join(" | "));
     }
     println!();
     for report in reports {
