@@ -216,12 +216,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// random sample once steps are far apart) and half the buckets the
     /// previous pass left, so the cost per created bucket is amortised
     /// O(1) (a few buckets visited per creation) and no call pays for more
-    /// than one slice, whatever the size of the map. Passes grow 16 times
-    /// as long while a good share of the new buckets are for keys the sweep
-    /// evicted in the last few hundred passes (watched on a sample of one
-    /// key in 16, 64 KiB per limiter from its first eviction), so keys
-    /// that come back are kept, however far apart their calls; they shrink
-    /// by a quarter a pass otherwise.
+    /// than one slice, whatever the size of the map. Passes grow (to 2^20
+    /// creations at once, or four times if longer) while a good share of
+    /// the new buckets are for keys the sweep evicted in the last few
+    /// hundred passes (watched on a sample of one key in 16, 64 KiB per
+    /// limiter from its first eviction), so keys that come back are kept,
+    /// however far apart their calls; they shrink by a quarter a pass
+    /// otherwise.
     ///
     /// Memory: every bucket held was spent within the current pass and the
     /// two before it, or within one [`refill_time`](Quota::refill_time)

@@ -7,7 +7,10 @@
 //! table buckets. A pass visits every shard once, in order, slice by
 //! slice, and is spread over a number of new keys ([`next_pass_length`]):
 //! one step every `pass / slices` of them, where `slices` is how many
-//! steps the previous pass took. A new key that takes a step pays for one
+//! steps the previous pass took, until the end of each shard re-paces the
+//! rest by the slices the shards swept took (a map that grew since has
+//! more: paced by the old count, a pass ran over its length by as much).
+//! A new key that takes a step pays for one
 //! slice, whatever the size of the map; as a pass is spread over at least
 //! half the entries the previous one left, the cost per new key stays
 //! amortised O(1) (a few entries visited per new key).
@@ -61,8 +64,8 @@ const LEFT_PER_NEW_KEY: usize = 2;
 
 /// The share of new keys that must be returning keys (keys the sweep
 /// removed within the last few hundred passes, counted by sample in
-/// [`Ghosts`]) for the next pass to be [`GROWTH`] times as long: one in
-/// this many, and at least [`RETURNS_TO_GROW`] of the watched keys (each
+/// [`Ghosts`]) for a pass shorter than [`LONG_PASS`] to grow: one in this
+/// many, and at least [`RETURNS_TO_GROW`] of the watched keys (each
 /// stands for about 16 returns). A stream of keys each seen once counts
 /// none, so the bar can sit this low. While a map fills up, most new keys
 /// are first sightings, so the returns' share is low even when every key
@@ -77,20 +80,36 @@ const LEFT_PER_NEW_KEY: usize = 2;
 const RETURNING_SHARE: usize = 128;
 const RETURNS_TO_GROW: usize = 2;
 
-/// How much longer the next pass is when the returns clear that bar. A
-/// pass takes its own length in new keys, and every pass too short for
-/// the keys removes keys that come back: each pass at the floor that the
-/// everyday workload at 10^6 keys spent learning re-created about 8,000
-/// (a quarter of a percent of its calls), and a return interval a
-/// hundred times the floor took three growths at 4. At 16 the first
-/// returns seen lengthen the passes to about the interval at once
-/// (re-creations over the floor, eight runs each of a scratch copy of
-/// `examples/pacing.rs`, one eviction in 64 sampled and a bar of one in
-/// 64: 1.09-1.38% of the calls at 4, 0.68-1.24% at 16), for passes up to
-/// 16 times the length the keys need until they shrink back, a quarter a
-/// pass: the map then holds the new keys of a longer window (see the
-/// module docs' bound), which keys each seen once never open.
-const GROWTH: usize = 16;
+/// The bar for a pass of at least [`LONG_PASS`] new keys: one return in
+/// this many. Keys that come back at random intervals (a Poisson stream
+/// of calls) always leave a tail of gaps longer than the pass, which
+/// shrinks only as the pass's length over their mean interval: at one in
+/// 128, a million keys calling about once a second beside a stream of
+/// keys each seen once (30% of the calls) kept clearing the bar up to
+/// passes five times their interval, each growth holding four times the
+/// keys seen once: 12 to 14 million buckets after 30 s, and rising
+/// (`benches/latency.rs`, `KEYRATE_LATENCY_SECS=30`); at one in 32 the
+/// passes settle where the entries they leave put them (see
+/// [`LEFT_PER_NEW_KEY`]): 6.0 million.
+const LONG_RETURNING_SHARE: usize = 32;
+
+/// A pass that clears its bar grows to this many new keys at once, if
+/// shorter, or [`LONG_GROWTH`] times if that is more. A pass takes its own
+/// length in new keys, and every pass too short for the keys removes keys
+/// that come back: each pass at the floor that the everyday workload at
+/// 10^6 keys spent learning re-created about 8,000 (a quarter of a
+/// percent of its calls), so its first growth should reach the keys'
+/// interval at once (re-creations over the floor, `examples/pacing.rs`,
+/// sixteen runs: 0.32-0.60% of the calls at 2^20, 0.76-1.01% at 2^19,
+/// 1.00-1.52% growing sixteen times, then four). A pass holds about one
+/// and a half passes' worth of the keys each seen once (module docs), so
+/// this bounds what a growth from a short pass costs: with 10^5 keys
+/// coming back and as many calls on keys each seen once (`pacing --
+/// 100000 40 2 3`), 1.8 million buckets held at most (1.0-1.2 at 2^19),
+/// where growing sixteen times a pass, as often as the bar was cleared,
+/// held 3.6 million.
+const LONG_PASS: usize = 1 << 20;
+const LONG_GROWTH: usize = 4;
 
 /// New keys sampled for the pacing: one in this many counts, with this
 /// weight (see [`Pace::counted`]). Under loom, every new key counts, so
@@ -157,6 +176,8 @@ pub(crate) struct Pace {
     layout: AtomicU64,
     /// Steps taken so far in this pass.
     slices: AtomicUsize,
+    /// New keys the steps of this pass took so far (each its `step_at`).
+    taken: AtomicUsize,
     /// Entries the shards swept so far in this pass left.
     left: AtomicUsize,
     /// The new keys this pass is spread over (see `next_pass_length`).
@@ -187,6 +208,7 @@ impl Pace {
             from: AtomicUsize::new(0),
             layout: AtomicU64::new(0),
             slices: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
             left: AtomicUsize::new(0),
             length: AtomicUsize::new(floor),
             started: AtomicU64::new(0),
@@ -257,6 +279,9 @@ impl Pace {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |pressure| {
                     Some(pressure.saturating_sub(step_at))
                 });
+            // Relaxed: a place field, guarded by `sweeping` (see `position`).
+            let so_far = self.taken.load(Ordering::Relaxed);
+            self.taken.store(so_far + step_at, Ordering::Relaxed);
         }
         taken
     }
@@ -362,6 +387,9 @@ impl Pace {
         if shard < self.shards {
             self.shard.store(shard, Ordering::Relaxed);
             self.slices.store(slices, Ordering::Relaxed);
+            if next.is_err() {
+                self.repace(shard, slices);
+            }
         } else {
             // The pass is over: pace the next one, a step per slice.
             let length = self.length.load(Ordering::Relaxed);
@@ -371,9 +399,31 @@ impl Pace {
             self.shard.store(0, Ordering::Relaxed);
             self.left.store(0, Ordering::Relaxed);
             self.slices.store(0, Ordering::Relaxed);
+            self.taken.store(0, Ordering::Relaxed);
             self.step_at
                 .store((length / slices).max(1), Ordering::Relaxed);
         }
+    }
+
+    /// Paces the rest of a pass that has swept `done` shards in `slices`
+    /// steps: the new keys it has left, spread over the slices the shards
+    /// left will take if they are like the ones swept (at least one
+    /// each). The first step of a pass is paced by the previous pass's
+    /// slices; a map that grew since has more, and a pass paced by the old
+    /// count alone would run over its length by as much: in a map filling
+    /// with keys each seen once beside a million that come back, passes
+    /// ran over theirs two and a half times, and each one's keys with
+    /// them, up to twelve million buckets held after 30 s and rising
+    /// (`benches/latency.rs`, 30 s).
+    fn repace(&self, done: usize, slices: usize) {
+        // Relaxed: place fields, guarded by `sweeping` (see `position`);
+        // `step_at` only paces (see `counted`).
+        let length = self.length.load(Ordering::Relaxed);
+        let taken = self.taken.load(Ordering::Relaxed);
+        let expected = slices.saturating_mul(self.shards).div_ceil(done);
+        let slices_left = expected.saturating_sub(slices).max(self.shards - done);
+        let step_at = (length.saturating_sub(taken) / slices_left).max(1);
+        self.step_at.store(step_at, Ordering::Relaxed);
     }
 
     fn let_go(&self) {
@@ -395,11 +445,11 @@ impl Pace {
 }
 
 /// The new keys the next pass is spread over, after a pass of `length`
-/// that left `left` entries, ending the pass in `ghosts`: [`GROWTH`] times
-/// `length` while a good share of the new keys are keys removed recently
-/// (the passes are then too short for them: removing them only made them
-/// again), else three quarters of it; at least `left /`
-/// [`LEFT_PER_NEW_KEY`] and `floor`.
+/// that left `left` entries, ending the pass in `ghosts`: [`LONG_PASS`],
+/// or [`LONG_GROWTH`] times `length` if more, while a good share of the
+/// new keys are keys removed recently (the passes are then too short for
+/// them: removing them only made them again), else three quarters of
+/// `length`; at least `left /` [`LEFT_PER_NEW_KEY`] and `floor`.
 ///
 /// Keys seen once never return, so under a stream of them passes shrink
 /// to the floor and the map to three passes' worth; keys that come back
@@ -407,8 +457,13 @@ impl Pace {
 /// apart (up to a few hundred passes).
 fn next_pass_length(length: usize, left: usize, ghosts: &Ghosts, floor: usize) -> usize {
     let (watched, returned) = ghosts.end_pass();
-    let next = if returned >= RETURNS_TO_GROW && returned * RETURNING_SHARE >= watched {
-        length.saturating_mul(GROWTH)
+    let bar = if length < LONG_PASS {
+        RETURNING_SHARE
+    } else {
+        LONG_RETURNING_SHARE
+    };
+    let next = if returned >= RETURNS_TO_GROW && returned.saturating_mul(bar) >= watched {
+        length.saturating_mul(LONG_GROWTH).max(LONG_PASS)
     } else {
         length - length / 4
     };

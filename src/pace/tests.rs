@@ -162,15 +162,16 @@ fn after_pass(length: usize, left: usize, watched: usize, returned: usize) -> us
     next_pass_length(length, left, &ghosts, 100)
 }
 
-/// Passes grow `GROWTH` times when at least one new key in
-/// `RETURNING_SHARE` is a return (and at least `RETURNS_TO_GROW` are), and
-/// shrink by a quarter otherwise, never below the floor nor half the
-/// entries the pass left.
+/// Passes grow when at least one new key in `RETURNING_SHARE` is a
+/// return (and at least `RETURNS_TO_GROW` are): to `LONG_PASS` at once, or
+/// `LONG_GROWTH` times if more; from `LONG_PASS` on, only at one in
+/// `LONG_RETURNING_SHARE`. Otherwise they shrink by a quarter, never
+/// below the floor nor half the entries the pass left.
 #[test]
 fn passes_grow_with_returning_keys_and_shrink_without() {
     let bar = RETURNS_TO_GROW * RETURNING_SHARE;
     assert_eq!(after_pass(1000, 0, 0, 0), 750, "nothing came back");
-    assert_eq!(after_pass(1000, 0, bar, RETURNS_TO_GROW), 1000 * GROWTH);
+    assert_eq!(after_pass(1000, 0, bar, RETURNS_TO_GROW), LONG_PASS);
     assert_eq!(
         after_pass(1000, 0, bar + 1, RETURNS_TO_GROW),
         750,
@@ -183,4 +184,59 @@ fn passes_grow_with_returning_keys_and_shrink_without() {
     );
     assert_eq!(after_pass(1000, 4000, 0, 0), 4000 / LEFT_PER_NEW_KEY);
     assert_eq!(after_pass(110, 0, 0, 0), 100, "the floor");
+    let short = LONG_PASS / 2 + 1;
+    assert_eq!(
+        after_pass(short, 0, bar, RETURNS_TO_GROW),
+        short * LONG_GROWTH,
+        "more than `LONG_PASS`"
+    );
+    let long_bar = RETURNS_TO_GROW * LONG_RETURNING_SHARE;
+    assert_eq!(
+        after_pass(LONG_PASS, 0, long_bar, RETURNS_TO_GROW),
+        LONG_PASS * LONG_GROWTH
+    );
+    assert_eq!(
+        after_pass(LONG_PASS, 0, long_bar + 1, RETURNS_TO_GROW),
+        LONG_PASS - LONG_PASS / 4,
+        "a long pass's bar is higher"
+    );
+}
+
+/// A pass paced for the previous pass's slices, in a map that has grown
+/// since: after each shard, the rest of the pass is spread over the
+/// slices the shards left will take, like the ones swept, so the pass
+/// still ends after its length in new keys, not four times later.
+#[test]
+fn a_pass_in_a_grown_map_keeps_to_its_length() {
+    // Four shards, a floor of 96: the first pass, one slice a shard,
+    // paces the second at a step every 24 new keys (each counted: below
+    // `PRESSURE_SAMPLED_FROM`).
+    let pace = Pace::new(96, 4);
+    for secs in 1..=4 {
+        take_due_step(&pace, secs);
+        pace.stepped(Err(0));
+    }
+    // The map grew: each shard now takes four slices.
+    let mut new_keys = 0;
+    for step in 1..=16 {
+        new_keys += 1;
+        while !pace.counted() {
+            new_keys += 1;
+        }
+        assert!(pace.take());
+        let at = pace.position(Nanos::new(10 * SEC)).at;
+        pace.stepped(if step % 4 == 0 {
+            Err(0)
+        } else {
+            Ok(Cursor {
+                from: 256 * (step % 4),
+                layout: at.layout,
+            })
+        });
+    }
+    // The first shard's four steps took the pass's 96 new keys; the other
+    // twelve slices follow at a new key each (paced by the old slices
+    // alone: 24 each, 384 in all).
+    assert_eq!(new_keys, 96 + 12);
+    assert_eq!(pace.shard.load(Ordering::Relaxed), 0, "the pass is over");
 }
