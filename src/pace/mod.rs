@@ -281,7 +281,8 @@ impl Pace {
                 });
             // Relaxed: a place field, guarded by `sweeping` (see `position`).
             let so_far = self.taken.load(Ordering::Relaxed);
-            self.taken.store(so_far + step_at, Ordering::Relaxed);
+            self.taken
+                .store(so_far.saturating_add(step_at), Ordering::Relaxed);
         }
         taken
     }
@@ -411,10 +412,9 @@ impl Pace {
     /// each). The first step of a pass is paced by the previous pass's
     /// slices; a map that grew since has more, and a pass paced by the old
     /// count alone would run over its length by as much: in a map filling
-    /// with keys each seen once beside a million that come back, passes
-    /// ran over theirs two and a half times, and each one's keys with
-    /// them, up to twelve million buckets held after 30 s and rising
-    /// (`benches/latency.rs`, 30 s).
+    /// with keys each seen once beside a million that come back
+    /// (`benches/latency.rs`, 30 s), the steps came one every 162 new
+    /// keys, where the passes asked for one every few dozen.
     fn repace(&self, done: usize, slices: usize) {
         // Relaxed: place fields, guarded by `sweeping` (see `position`);
         // `step_at` only paces (see `counted`).
