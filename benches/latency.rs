@@ -233,15 +233,21 @@ fn micros(ns: u64) -> String {
     format!("{:.2}", ns as f64 / 1e3)
 }
 
+/// The lowest, median and highest of one figure over the rounds.
+fn low_mid_high(values: &[u64]) -> (u64, u64, u64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    (
+        sorted[0],
+        sorted[sorted.len() / 2],
+        sorted[sorted.len() - 1],
+    )
+}
+
 /// One figure over the rounds: its median, with its range when the
 /// rounds differ.
-fn spread(mut values: Vec<u64>) -> String {
-    values.sort_unstable();
-    let (low, mid, high) = (
-        values[0],
-        values[values.len() / 2],
-        values[values.len() - 1],
-    );
+fn spread(values: &[u64]) -> String {
+    let (low, mid, high) = low_mid_high(values);
     if low == high {
         micros(mid)
     } else {
@@ -334,20 +340,16 @@ fn main() {
     println!("| limiter | calls | p50 | p99 | p99.9 | p99.99 | max | buckets at end |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for ((name, _), r) in competitors.iter().zip(&results) {
-        let [p50, p99, p999, p9999] = r.quantiles.clone();
-        let mut calls = r.calls.clone();
-        calls.sort_unstable();
-        let mut held = r.held.clone();
-        held.sort_unstable();
+        let [p50, p99, p999, p9999] = &r.quantiles;
         println!(
             "| {name} | {} | {} | {} | {} | {} | {} | {} |",
-            calls[calls.len() / 2],
+            low_mid_high(&r.calls).1,
             spread(p50),
             spread(p99),
             spread(p999),
             spread(p9999),
             micros(r.max),
-            held[held.len() / 2],
+            low_mid_high(&r.held).1,
         );
     }
     println!();
@@ -369,8 +371,8 @@ fn main() {
             .map(|(p99, p999, max, over)| {
                 format!(
                     "{} / {} | {} / {over}",
-                    spread(p99.clone()),
-                    spread(p999.clone()),
+                    spread(p99),
+                    spread(p999),
                     micros(*max)
                 )
             })

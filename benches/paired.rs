@@ -407,7 +407,9 @@ fn main() {
             let mut ratios = vec![Vec::new(); competitors.len()];
             let created_before = competitors[1].created().unwrap_or(0);
             let mut created_fresh = 0;
-            let mut first = FirstSightings::new(table.len());
+            // Only the everyday rows count first sightings.
+            let mut first =
+                matches!(pick, Pick::Everyday(_)).then(|| FirstSightings::new(table.len()));
             for round in 0..rounds {
                 let mut times = vec![Duration::ZERO; competitors.len()];
                 let mut keyrate_base = 0;
@@ -432,7 +434,7 @@ fn main() {
                 }
                 // Outside the timing, after the round (whose first
                 // competitor turns with the rounds): keyrate's slice's keys.
-                if let Pick::Everyday(active) = pick {
+                if let (Pick::Everyday(active), Some(first)) = (pick, first.as_mut()) {
                     first.slice(threads, active, keyrate_base, fresh);
                 }
                 fresh += threads * (SLICE / NEW_ONE_IN) as usize;
@@ -449,12 +451,12 @@ fn main() {
                 print!(" {mid:.2}x [{low:.2}-{high:.2}] |");
             }
             print!(" {:.0} |", created as f64 * 1e6 / calls);
-            match pick {
-                Pick::Everyday(_) => {
+            match first {
+                Some(first) => {
                     let over = created as f64 - first.count as f64;
                     println!(" {:.2} |", over * 100.0 / calls);
                 }
-                _ => println!(" |"),
+                None => println!(" |"),
             }
             promoted += competitors[1].promotions().unwrap_or(0) - promoted_before;
         }
