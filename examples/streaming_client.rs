@@ -1,7 +1,7 @@
 //! Drives `streaming_server` like its customers do, and prints what happened.
 //!
 //! ```text
-//! cargo run --release --example streaming_server --all-features -- --port 0
+//! cargo run --release --example streaming_server --all-features -- --port 0 --demo
 //! cargo run --release --example streaming_client --all-features -- --addr 127.0.0.1:PORT
 //! ```
 //!

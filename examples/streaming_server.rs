@@ -5,6 +5,7 @@
 //! KEYRATE_KEY_TABLE=keys.txt KEYRATE_ADMIN_TOKEN=... KEYRATE_METRICS_TOKEN=... \
 //! KEYRATE_KEY_LABEL_SECRET=... \
 //!     cargo run --release --example streaming_server --all-features -- --port 0
+//! cargo run --release --example streaming_server --all-features -- --port 0 --demo
 //! ```
 //!
 //! Prints the bound address, then serves until interrupted. See
@@ -16,12 +17,15 @@
 //!
 //! - `KEYRATE_KEY_TABLE` (`--keys FILE`): the API keys, one a line,
 //!   `key customer org plan` (plan `free` or `pro`; `#` starts a comment).
-//!   Unset, a built-in demo table of public keys (`sk_agent_demo`, ...),
-//!   printed at start: for trying the example on this machine only.
+//!   Unset, the server refuses to start, unless `--demo` asks for the
+//!   built-in demo table of public keys (`sk_agent_demo`, ...), printed
+//!   at start: for trying the example on this machine only.
 //! - `KEYRATE_ADMIN_TOKEN` (`--admin-token`): the token of the admin
-//!   routes; unset, they are off.
-//! - `KEYRATE_METRICS_TOKEN`: the bearer token of `/metrics`; unset, it
-//!   is off.
+//!   routes, at least 16 bytes (a shorter one is refused); unset, they
+//!   are off.
+//! - `KEYRATE_METRICS_TOKEN`: the bearer token of `/metrics`, at least
+//!   16 bytes; unset, it is off. A wrong route token is a failed
+//!   authentication of the client's address, as an unknown API key is.
 //! - `KEYRATE_KEY_LABEL_SECRET`: the secret of the customer id
 //!   fingerprints that `/metrics` shows (give every server of a fleet the
 //!   same one); unset, a random one per process. `--key-label ID` prints
@@ -31,10 +35,10 @@
 mod streaming_app;
 
 use keyrate::{KeyLabels, MonotonicClock};
-use streaming_app::{App, KeyTable, Limits, DEMO_KEYS};
+use streaming_app::{App, KeyTable, Limits, DEMO_KEYS, MIN_TOKEN_LEN};
 
 const USAGE: &str = "usage: streaming_server [--port N] [--keys FILE] [--admin-token TOKEN] \
-                     [--key-label CUSTOMER_ID]  (port 0 picks a free port)";
+                     [--key-label CUSTOMER_ID] [--demo]  (port 0 picks a free port)";
 
 #[tokio::main]
 async fn main() {
@@ -46,7 +50,12 @@ async fn main() {
         }
     };
     if let Ok(secret) = std::env::var("KEYRATE_KEY_LABEL_SECRET") {
-        KeyLabels::set_default_secret(secret.as_bytes());
+        // A short secret would let anyone who reads /metrics invert the
+        // labels of short keys (and of the addresses of failed logins).
+        if let Err(error) = KeyLabels::set_default_secret(secret.as_bytes()) {
+            eprintln!("KEYRATE_KEY_LABEL_SECRET: {error}");
+            std::process::exit(2);
+        }
     }
     if let Some(id) = config.key_label {
         println!("{}", KeyLabels::fingerprint().label(&id));
@@ -63,7 +72,14 @@ async fn main() {
                 std::process::exit(2);
             }
         },
-        None => (DEMO_KEYS.to_owned(), true),
+        None if config.demo => (DEMO_KEYS.to_owned(), true),
+        None => {
+            eprintln!(
+                "no key table: give --keys FILE or KEYRATE_KEY_TABLE, or --demo for the \
+                 built-in table of public demo keys (never deploy it)\n{USAGE}"
+            );
+            std::process::exit(2);
+        }
     };
     let keys = match KeyTable::parse(&text, &["free", "pro"]) {
         Ok(keys) => keys,
@@ -76,6 +92,13 @@ async fn main() {
         .admin_token
         .or_else(|| std::env::var("KEYRATE_ADMIN_TOKEN").ok());
     let metrics_token = std::env::var("KEYRATE_METRICS_TOKEN").ok();
+    for (name, token) in [("admin", &admin_token), ("metrics", &metrics_token)] {
+        if token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN_LEN) {
+            // A short token is guessed: refused, not quietly turned off.
+            eprintln!("the {name} token is under {MIN_TOKEN_LEN} bytes: use a random one");
+            std::process::exit(2);
+        }
+    }
     let limits = Limits::default();
     let app = App::new(limits, keys.clone(), MonotonicClock::new())
         .with_admin_token(admin_token.as_deref())
@@ -143,6 +166,8 @@ struct Config {
     admin_token: Option<String>,
     /// `--key-label CUSTOMER_ID`: print its label and exit.
     key_label: Option<String>,
+    /// `--demo`: with no key table, use the built-in public demo keys.
+    demo: bool,
 }
 
 impl Config {
@@ -169,6 +194,7 @@ impl Config {
                 "--keys" => config.keys = Some(value()?),
                 "--admin-token" => config.admin_token = Some(value()?),
                 "--key-label" => config.key_label = Some(value()?),
+                "--demo" if inline.is_none() => config.demo = true,
                 // The name only: a mistyped `--admin-tokn=SECRET` must
                 // not print its value.
                 _ => return Err(format!("unknown argument {name:?}")),

@@ -62,6 +62,13 @@ pub enum ConfigError {
         /// The number of quotas given.
         count: usize,
     },
+    /// A key-label secret ([`KeyLabels`](crate::KeyLabels)) shorter than
+    /// [`MIN_LABEL_SECRET_LEN`](crate::MIN_LABEL_SECRET_LEN) bytes: labels
+    /// made under it could be inverted by guessing it.
+    SecretTooShort {
+        /// The secret's length in bytes (never the secret).
+        len: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -118,6 +125,11 @@ impl fmt::Display for ConfigError {
                  to {})",
                 crate::MAX_QUOTAS,
                 crate::MAX_QUOTAS
+            ),
+            ConfigError::SecretTooShort { len } => write!(
+                f,
+                "invalid key-label secret: {len} bytes, at least {} random bytes are needed",
+                crate::MIN_LABEL_SECRET_LEN
             ),
             ConfigError::WindowTooLong { capacity, rate } => write!(
                 f,

@@ -122,7 +122,8 @@ pub use crate::limiter::{AsyncLimiter, Limiter};
 #[cfg(feature = "tower")]
 pub use crate::observe::Responses;
 pub use crate::observe::{
-    KeyLabels, Offenders, Stats, DEFAULT_OFFENDER_WINDOW, MAX_KEY_LABEL_LEN, OFFENDER_SLOTS,
+    KeyLabels, Offenders, Stats, DEFAULT_OFFENDER_WINDOW, MAX_KEY_LABEL_LEN, MIN_LABEL_SECRET_LEN,
+    OFFENDER_SLOTS,
 };
 #[cfg(feature = "redis")]
 pub use crate::redis::{

@@ -435,9 +435,12 @@ async fn script_cache_flush_is_survived() {
 
 #[tokio::test]
 async fn a_foreign_value_is_a_typed_script_error() {
+    // An API key, in a bucket name that shows it (this suite's names are
+    // `KeyNames::Encoded`): the error, which reaches logs, must not.
+    const KEY: &str = "sk_live_f0reign5ecret";
     let l = limiter("foreign", quota(1.0, 2)).await;
     let mut conn = raw(&url()).await;
-    let key = l.bucket_key("k");
+    let key = l.bucket_key(KEY);
     let _: () = redis::cmd("SET")
         .arg(&key)
         .arg("not a word")
@@ -445,12 +448,16 @@ async fn a_foreign_value_is_a_typed_script_error() {
         .await
         .unwrap();
     // The policy (closed by default) answers inside `check`: the failure.
-    let err = failure(l.check("k", 0.0, 1).await);
+    let err = failure(l.check(KEY, 0.0, 1).await);
     assert_eq!(err.kind(), RedisErrorKind::Script, "{err}");
-    assert!(!l.allow("k", 0.0).await, "fail closed by default");
+    assert!(key.contains("f0reign5ecret"), "{key}");
+    for shown in [err.to_string(), format!("{err:?}")] {
+        assert!(!shown.contains("f0reign5ecret"), "{shown}");
+    }
+    assert!(!l.allow(KEY, 0.0).await, "fail closed by default");
     let open = l.clone().with_failure_policy(FailurePolicy::Open);
-    assert!(open.allow("k", 0.0).await, "fail open admits");
-    assert!(open.check("k", 0.0, 1).await.unwrap().is_degraded());
+    assert!(open.allow(KEY, 0.0).await, "fail open admits");
+    assert!(open.check(KEY, 0.0, 1).await.unwrap().is_degraded());
     assert_eq!(
         get(&mut conn, &key).await.as_deref(),
         Some("not a word"),
@@ -459,11 +466,11 @@ async fn a_foreign_value_is_a_typed_script_error() {
     // Cost 0 and remaining read the key too, and fail the same way
     // (remaining under either policy: it admits nothing).
     assert_eq!(
-        failure(l.remaining("k", 0.0).await).kind(),
+        failure(l.remaining(KEY, 0.0).await).kind(),
         RedisErrorKind::Script
     );
     assert_eq!(
-        failure(open.remaining("k", 0.0).await).kind(),
+        failure(open.remaining(KEY, 0.0).await).kind(),
         RedisErrorKind::Script
     );
 }

@@ -80,6 +80,15 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
         let response = send("GET", "/admin/plans", token, "").await.unwrap();
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     }
+    // Each was a failed authentication of this address, and it has none
+    // left: the right token gets 429 until they refill, so that a guess
+    // cannot tell a hit.
+    assert_eq!(LIMITS.auth_failure_burst, 3);
+    let response = send("GET", "/admin/plans", Some(ADMIN_TOKEN), "")
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    server.clock.advance(REFILLED);
     let response = send("GET", "/admin/plans", Some(ADMIN_TOKEN), "")
         .await
         .unwrap();
@@ -105,7 +114,8 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
         client.request(huge).await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
-    // With the token, the body is read: too large is refused, bad JSON too.
+    // With the token, the body is read: too large is refused, bad JSON too
+    // (the two failures above left this address one).
     let huge = "x".repeat(1 << 20);
     let huge = admin_request(&server, "PUT", "/admin/plans/free", Some(ADMIN_TOKEN), huge);
     assert_eq!(

@@ -47,7 +47,10 @@ async fn unknown_keys_get_401_then_the_address_gets_429() {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
 
     // The scrape counts the failures by address (a fingerprint), and no
-    // guessed key reached a limiter or the scrape.
+    // guessed key reached a limiter or the scrape. (It comes from the same
+    // address, which is out of failures: it would get 429 with the right
+    // token too, so its failures refill first.)
+    server.clock.advance(REFILLED);
     let text = server.scrape().await;
     assert!(!text.contains("sk_guess"), "{text}");
     let series = format!(
@@ -105,6 +108,10 @@ async fn metrics_need_their_token() {
         Some(wrong.as_str()),
         Some(admin.as_str()),
     ] {
+        // Each is a failed authentication of this address: refilled
+        // first, so that every one is judged on its own (throttling is
+        // the next test's).
+        server.clock.advance(REFILLED);
         let response = get(authorization).await.unwrap();
         assert_eq!(
             response.status(),
@@ -113,6 +120,7 @@ async fn metrics_need_their_token() {
         );
     }
     let basic = format!("Basic {METRICS_TOKEN}");
+    server.clock.advance(REFILLED);
     assert_eq!(
         get(Some(&basic)).await.unwrap().status(),
         StatusCode::UNAUTHORIZED
@@ -130,6 +138,56 @@ async fn metrics_need_their_token() {
         .unwrap();
     let response = client.request(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn guessed_route_tokens_share_the_address_budget_of_failures() {
+    let server = start().await;
+    let client = client();
+    let get = |path: &str, header: (&str, String)| {
+        let request = http::Request::get(format!("http://{}{path}", server.addr))
+            .header(header.0, header.1)
+            .body(Default::default())
+            .unwrap();
+        client.request(request)
+    };
+    let metrics = |token: &str| get("/metrics", ("authorization", format!("Bearer {token}")));
+    let admin = |token: &str| get("/admin/plans", ("x-admin-token", token.to_owned()));
+    // Guesses at either token, and at API keys, spend one budget.
+    let guesses = LIMITS.auth_failure_burst;
+    assert!(guesses >= 3, "a guess of each kind below");
+    assert_eq!(
+        metrics("guess-0").await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        admin("guess-1").await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    for n in 2..guesses {
+        let response = server.tts(&format!("sk_guess_{n}"), "hi").await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "guess {n}");
+    }
+    // None left: 429 with the wait, even for the right tokens.
+    for response in [
+        metrics("guess-x").await.unwrap(),
+        admin("guess-y").await.unwrap(),
+        metrics(METRICS_TOKEN).await.unwrap(),
+        admin(ADMIN_TOKEN).await.unwrap(),
+    ] {
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            header(&response, "retry-after"),
+            ceil(1.0 / LIMITS.auth_failure_rate).to_string()
+        );
+    }
+    // Refilled, the right tokens open their routes again.
+    server.clock.advance(REFILLED);
+    assert_eq!(
+        metrics(METRICS_TOKEN).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(admin(ADMIN_TOKEN).await.unwrap().status(), StatusCode::OK);
 }
 
 #[tokio::test]

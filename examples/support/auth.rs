@@ -80,8 +80,11 @@ impl KeyTable {
                 ));
             }
             if !plans.contains(&plan) {
+                // Not the field itself: in a line whose columns are out
+                // of order it may be a key, and this message may reach a
+                // log.
                 return Err(format!(
-                    "line {}: unknown plan {plan:?}: expected one of {plans:?}",
+                    "line {}: the fourth column is not a plan: expected one of {plans:?}",
                     n + 1
                 ));
             }
@@ -157,23 +160,10 @@ pub async fn authenticate(State(app): State<App>, mut request: Request, next: Ne
             message,
         );
     }
-    // The peer's address, as axum's `ConnectInfo` saw the TCP connection
-    // (behind a proxy, use the address the proxy vouches for instead).
-    let client = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |info| client_key(info.0.ip()));
-    let failures = &app.auth_failures;
-    let mut charged = false;
-    if failures.remaining(client.as_str(), Now) == Ok(0) {
-        // Throttled: charge 1 to learn the exact wait (a denial spends
-        // nothing); admitted only if the bucket refilled meanwhile, and
-        // then that was this attempt's charge.
-        if let Err(denial) = failures.check(client.as_str(), Now, 1) {
-            return throttled(&denial);
-        }
-        charged = true;
-    }
+    let attempt = match Attempt::begin(&app, &request) {
+        Ok(attempt) => attempt,
+        Err(denial) => return throttled(&denial),
+    };
     let (parts, body) = request.into_parts();
     let key = bearer_token(&parts).or_else(|| api_key_header(&parts));
     request = Request::from_parts(parts, body);
@@ -182,11 +172,52 @@ pub async fn authenticate(State(app): State<App>, mut request: Request, next: Ne
             request.extensions_mut().insert(customer.clone());
             next.run(request).await
         }
-        None if charged => unauthorized(),
-        None => match failures.check(client.as_str(), Now, 1) {
-            Ok(_) => unauthorized(),
+        None => attempt.failed(&app, unauthorized),
+    }
+}
+
+/// One authentication attempt of a client, for its address's budget of
+/// failures (`App::auth_failures`), which API keys and route tokens share.
+struct Attempt {
+    /// The client's address (see [`client_key`]).
+    client: String,
+    /// Whether this attempt has already been charged.
+    charged: bool,
+}
+
+impl Attempt {
+    /// Starts an attempt; `Err` is the denial of an address out of
+    /// failures (a 429, see [`throttled`]), whatever it sends.
+    fn begin(app: &App, request: &Request) -> Result<Self, Denial> {
+        // The peer's address, as axum's `ConnectInfo` saw the TCP
+        // connection (behind a proxy, use the address the proxy vouches
+        // for instead: through one, every client would share its budget).
+        let client = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or_else(|| "unknown".to_owned(), |info| client_key(info.0.ip()));
+        let failures = &app.auth_failures;
+        let mut charged = false;
+        if failures.remaining(client.as_str(), Now) == Ok(0) {
+            // Throttled: charge 1 to learn the exact wait (a denial spends
+            // nothing); admitted only if the bucket refilled meanwhile,
+            // and then that was this attempt's charge.
+            let _admitted = failures.check(client.as_str(), Now, 1)?;
+            charged = true;
+        }
+        Ok(Attempt { client, charged })
+    }
+
+    /// The attempt failed: charged to the address, `refused` while it has
+    /// failures left, 429 once it has none.
+    fn failed(self, app: &App, refused: impl FnOnce() -> Response) -> Response {
+        if self.charged {
+            return refused();
+        }
+        match app.auth_failures.check(self.client.as_str(), Now, 1) {
+            Ok(_) => refused(),
             Err(denial) => throttled(&denial),
-        },
+        }
     }
 }
 
@@ -230,6 +261,9 @@ fn throttled(denial: &Denial) -> Response {
     response
 }
 
+/// The shortest route token accepted, in bytes: a short token is guessed.
+pub const MIN_TOKEN_LEN: usize = 16;
+
 /// A route's token: a secret, so its `Debug` does not show it.
 #[derive(Clone)]
 pub struct Token {
@@ -247,7 +281,8 @@ impl fmt::Debug for Token {
 
 impl Token {
     /// The token of the admin routes, in `X-Admin-Token`; `None` for no
-    /// token or an empty one.
+    /// token or one under [`MIN_TOKEN_LEN`] bytes (the server refuses
+    /// those at startup; an `App` given one has no admin routes).
     pub fn admin(token: Option<&str>) -> Option<Self> {
         Self::new(header::HeaderName::from_static("x-admin-token"), token)
     }
@@ -258,7 +293,7 @@ impl Token {
     }
 
     fn new(header: header::HeaderName, token: Option<&str>) -> Option<Self> {
-        let token = token.filter(|t| !t.is_empty())?;
+        let token = token.filter(|t| t.len() >= MIN_TOKEN_LEN)?;
         Some(Token {
             header,
             value: Arc::from(token),
@@ -282,12 +317,25 @@ impl Token {
 }
 
 /// Routes behind a [`Token`]: checked from the headers alone, so the body
-/// is not read before this passes; 401 otherwise.
-pub async fn require_token(State(token): State<Token>, request: Request, next: Next) -> Response {
+/// is not read before this passes; 401 otherwise. A wrong or missing
+/// token is a failed authentication of the client's address, as an
+/// unknown API key is (the same budget): guessing a token is throttled,
+/// and an address out of failures gets 429 even with the right token.
+pub async fn require_token(
+    State((token, app)): State<(Token, App)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let attempt = match Attempt::begin(&app, &request) {
+        Ok(attempt) => attempt,
+        Err(denial) => return throttled(&denial),
+    };
     if token.matches(request.headers()) {
         next.run(request).await
     } else {
-        let message = format!("{} is missing or wrong", token.header);
-        refuse(StatusCode::UNAUTHORIZED, "unauthorized", &message)
+        attempt.failed(&app, || {
+            let message = format!("{} is missing or wrong", token.header);
+            refuse(StatusCode::UNAUTHORIZED, "unauthorized", &message)
+        })
     }
 }

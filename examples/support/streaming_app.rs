@@ -121,7 +121,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use self::auth::{Customer, KeyTable, Token, DEMO_KEYS};
+pub use self::auth::{Customer, KeyTable, Token, DEMO_KEYS, MIN_TOKEN_LEN};
 pub use self::plans::{Plan, Plans, PLAN_BOUNDS};
 pub use self::serve::spawn;
 pub use self::synthesis::Synthesis;
@@ -362,7 +362,7 @@ impl App {
                 ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], text)
             })
             .route_layer(middleware::from_fn_with_state(
-                token.clone(),
+                (token.clone(), self.clone()),
                 auth::require_token,
             ));
             router = router.route("/metrics", scrape);
@@ -373,7 +373,7 @@ impl App {
                 .route("/admin/plans", get(plans::list_plans))
                 .route("/admin/plans/{name}", put(plans::set_plan))
                 .route_layer(middleware::from_fn_with_state(
-                    token.clone(),
+                    (token.clone(), self.clone()),
                     auth::require_token,
                 ))
                 .layer(DefaultBodyLimit::max(ADMIN_BODY_LIMIT));

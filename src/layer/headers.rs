@@ -123,13 +123,19 @@ pub(super) fn limiter_full(headers: &mut HeaderMap) -> (StatusCode, Status) {
 /// wait), with no `Retry-After` (no time is known to help: a permit comes
 /// back when a request ends); `503` with `Retry-After` at the cap of keys;
 /// `503` alone when the backend could not decide (`denial` is `None`:
-/// Redis unreachable, under the failure policy closed).
+/// Redis unreachable, under the failure policy closed), whose body then
+/// says only that: the backend's error (hosts, ports, the operating
+/// system's words) is the server's business, not the client's.
 pub(super) fn concurrency_refused<B: Default>(
     reason: &dyn std::fmt::Display,
     denial: Option<&ConcurrencyDenial>,
     text: impl FnOnce(String) -> B,
 ) -> (Response<B>, Status) {
-    let mut response = Response::new(text(format!("{reason}\n")));
+    let body = match denial {
+        Some(_) => format!("{reason}\n"),
+        None => String::from("the concurrency limit could not be checked; try again later\n"),
+    };
+    let mut response = Response::new(text(body));
     let headers = response.headers_mut();
     let (status, counted) = match denial {
         None => (StatusCode::SERVICE_UNAVAILABLE, Status::Unavailable),
@@ -205,6 +211,19 @@ mod tests {
         assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
         assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
         assert_eq!(ceil_secs(Duration::from_millis(2001)), 3);
+    }
+
+    #[test]
+    fn a_backend_failure_does_not_reach_the_client() {
+        let reason = "refused (fail closed): Redis unavailable: Connection refused (os error 111)";
+        let (response, counted) = concurrency_refused::<String>(&reason, None, |s| s);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(matches!(counted, Status::Unavailable));
+        assert!(!response.body().contains("Redis"), "{}", response.body());
+        // A denial's own reason is the client's: it says which limit.
+        let at_limit = ConcurrencyDenial::AtLimit { held: 2, max: 2 };
+        let (response, _) = concurrency_refused::<String>(&at_limit, Some(&at_limit), |s| s);
+        assert_eq!(response.body(), &format!("{at_limit}\n"));
     }
 
     #[test]

@@ -25,7 +25,8 @@ pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 ///
 /// fn handler(request: http::Request<()>) -> String {
 ///     match request.extensions().get::<Limited<String>>() {
-///         Some(limited) => format!("hello {}, burst {}", limited.key, limited.quota.capacity()),
+///         // `limited.key` finds the customer; a secret, it is not echoed.
+///         Some(limited) => format!("hello, burst {}", limited.quota.capacity()),
 ///         None => String::from("not rate-limited"),
 ///     }
 /// }

@@ -2,17 +2,19 @@
 //! offender lists as exported, and the `Debug` of values that hold keys.
 //!
 //! API keys are secrets, so by default a key is shown as a fingerprint:
-//! a short non-secret prefix (`sk_live_`, or nothing) and a keyed hash of
-//! the whole key (SipHash-1-3 under a 128-bit secret). Two processes
+//! a keyed hash of the whole key (SipHash-1-3 under a 128-bit secret),
+//! after the key's type tag (`sk_live_`) only when the operator lists the
+//! tags to show. Two processes
 //! given the same secret show a key the same way; without one, each
 //! process draws its own at random. The raw key is shown only when the
 //! caller asks for it ([`KeyLabels::raw`]), or the caller's own function
 //! is applied ([`KeyLabels::with`], say key -> customer id).
 
+use crate::error::ConfigError;
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
 use std::collections::hash_map::RandomState;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, OnceLock};
 
@@ -21,13 +23,10 @@ use std::sync::{Arc, OnceLock};
 /// length at a character boundary.
 pub const MAX_KEY_LABEL_LEN: usize = 64;
 
-/// The prefix of a fingerprint is looked for within the key's first this
-/// many bytes.
-const PREFIX_WINDOW: usize = 12;
-
-/// The longest segment of a prefix (`sk`, `live`): a type tag, not key
-/// material.
-const PREFIX_SEGMENT: usize = 8;
+/// The shortest secret a fingerprint takes, in bytes (as
+/// `KeySecret::MIN_LEN` for Redis's key names): a shorter one can be
+/// guessed, and with it every short key behind its label.
+pub const MIN_LABEL_SECRET_LEN: usize = 16;
 
 /// How keyrate shows a key outside the caller's code: a fingerprint (the
 /// default), the raw key (asked for explicitly), or the caller's own
@@ -42,15 +41,15 @@ const PREFIX_SEGMENT: usize = 8;
 ///
 /// # The fingerprint
 ///
-/// `prefix#hash`: `hash` is 16 hex digits of SipHash-1-3, a keyed
-/// pseudo-random function, of the whole key under a 128-bit secret;
-/// without the secret, the label tells nothing about the rest of the key,
-/// and telling whether a guessed key has a given label takes the secret.
-/// `prefix` is the key's type tag when it has one: the part up to and
-/// including the last `_` within its first 12 bytes, when that part is
-/// ASCII letters, digits and `_`, made of segments of at most 8
-/// characters, and at most half the key (`sk_live_` in
-/// `sk_live_4eC39HqLyjWDarjtT1zdp7dc`; none in `ci-abuser`).
+/// `#hash`: 16 hex digits of SipHash-1-3, a keyed pseudo-random function,
+/// of the whole key under a 128-bit secret; without the secret, the label
+/// tells nothing about the key, and telling whether a guessed key has a
+/// given label takes the secret. Keys whose kind the operator wants to
+/// see can keep a type tag the operator lists
+/// ([`with_type_tags`](Self::with_type_tags)): `sk_live_#hash`. keyrate
+/// does not guess tags from the key's shape: a random key in base64url
+/// (`x7Qp2_Lm9z_...`) has underscores too, and any rule that shows a
+/// "tag" it found would show its characters.
 ///
 /// The secret is the process's default (see
 /// [`set_default_secret`](Self::set_default_secret); random per process
@@ -65,22 +64,29 @@ const PREFIX_SEGMENT: usize = 8;
 /// ```
 /// use keyrate::KeyLabels;
 ///
-/// let labels = KeyLabels::fingerprint_with_secret(b"from the operator's vault");
+/// let labels = KeyLabels::fingerprint_with_secret(b"from the operator's vault")?;
 /// let label = labels.label("sk_live_4eC39HqLyjWDarjtT1zdp7dc");
-/// assert!(label.starts_with("sk_live_#") && label.len() == "sk_live_#".len() + 16);
+/// assert!(label.starts_with('#') && label.len() == 17);
 /// assert!(!label.contains("4eC39"));
 /// // Another process with the same secret agrees.
-/// assert_eq!(KeyLabels::fingerprint_with_secret(b"from the operator's vault")
+/// assert_eq!(KeyLabels::fingerprint_with_secret(b"from the operator's vault")?
 ///     .label("sk_live_4eC39HqLyjWDarjtT1zdp7dc"), label);
+/// // The tags the operator lists are shown.
+/// let tagged = labels.with_type_tags(["sk_live_", "sk_test_"]);
+/// assert_eq!(tagged.label("sk_live_4eC39HqLyjWDarjtT1zdp7dc"), format!("sk_live_{label}"));
 ///
 /// assert_eq!(KeyLabels::raw().label("tenant-42"), "tenant-42");
 /// let by_customer = KeyLabels::with(|key| format!("customer {}", key.len()));
 /// assert_eq!(by_customer.label("abc"), "customer 3");
+/// # Ok::<(), keyrate::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct KeyLabels {
     show: Show,
     max_len: usize,
+    /// The type tags a fingerprint shows (see
+    /// [`with_type_tags`](Self::with_type_tags)); none by default.
+    tags: Arc<[String]>,
 }
 
 #[derive(Clone)]
@@ -130,30 +136,36 @@ impl KeyLabels {
     /// ```
     #[must_use]
     pub fn fingerprint() -> Self {
-        KeyLabels {
-            show: Show::Fingerprint(None),
-            max_len: MAX_KEY_LABEL_LEN,
-        }
+        KeyLabels::showing(Show::Fingerprint(None))
     }
 
-    /// Fingerprints under a secret of the caller's (any bytes; at least
-    /// 16 random ones). Processes given the same secret show a key alike.
+    /// Fingerprints under a secret of the caller's (any bytes, at least
+    /// [`MIN_LABEL_SECRET_LEN`] of them, random). Processes given the
+    /// same secret show a key alike.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::SecretTooShort`] for a secret under
+    /// [`MIN_LABEL_SECRET_LEN`] bytes.
     ///
     /// # Examples
     ///
     /// ```
-    /// use keyrate::KeyLabels;
+    /// use keyrate::{ConfigError, KeyLabels};
     ///
-    /// let a = KeyLabels::fingerprint_with_secret(b"0123456789abcdef");
-    /// let b = KeyLabels::fingerprint_with_secret(b"another secret!!");
+    /// let a = KeyLabels::fingerprint_with_secret(b"0123456789abcdef")?;
+    /// let b = KeyLabels::fingerprint_with_secret(b"another secret!!")?;
     /// assert_ne!(a.label("sk_live_xyz123456"), b.label("sk_live_xyz123456"));
+    /// assert_eq!(
+    ///     KeyLabels::fingerprint_with_secret(b"short").unwrap_err(),
+    ///     ConfigError::SecretTooShort { len: 5 },
+    /// );
+    /// # Ok::<(), ConfigError>(())
     /// ```
-    #[must_use]
-    pub fn fingerprint_with_secret(secret: &[u8]) -> Self {
-        KeyLabels {
-            show: Show::Fingerprint(Some(Secret::derive(secret))),
-            max_len: MAX_KEY_LABEL_LEN,
-        }
+    pub fn fingerprint_with_secret(secret: &[u8]) -> Result<Self, ConfigError> {
+        Ok(KeyLabels::showing(Show::Fingerprint(Some(
+            Secret::checked(secret)?,
+        ))))
     }
 
     /// The raw key (cut to the maximum length): only for keys that are
@@ -169,10 +181,7 @@ impl KeyLabels {
     /// ```
     #[must_use]
     pub fn raw() -> Self {
-        KeyLabels {
-            show: Show::Raw,
-            max_len: MAX_KEY_LABEL_LEN,
-        }
+        KeyLabels::showing(Show::Raw)
     }
 
     /// The caller's own function of the key (say, key -> customer id),
@@ -192,10 +201,43 @@ impl KeyLabels {
     /// ```
     #[must_use]
     pub fn with(label: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        KeyLabels::showing(Show::With(Arc::new(label)))
+    }
+
+    fn showing(show: Show) -> Self {
         KeyLabels {
-            show: Show::With(Arc::new(label)),
+            show,
             max_len: MAX_KEY_LABEL_LEN,
+            tags: Arc::from([]),
         }
+    }
+
+    /// Shows a fingerprinted key's type tag before its hash when the key
+    /// starts with one of `tags` (the longest that fits), and the tag is at
+    /// most half the key: `sk_live_#...` for `sk_live_4eC3...` with
+    /// `sk_live_` listed. List only tags that all your keys of that kind
+    /// share (they are then no secret); a key that starts with none of
+    /// them shows its hash alone. Raw keys and the caller's function are
+    /// not changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use keyrate::KeyLabels;
+    ///
+    /// let labels = KeyLabels::fingerprint().with_type_tags(["sk_live_", "sk_test_"]);
+    /// assert!(labels.label("sk_test_4eC39HqLyjWDarjtT1zdp7dc").starts_with("sk_test_#"));
+    /// assert!(labels.label("x7Qp2_Lm9z_rT4vB8nK1sW3e").starts_with('#'));
+    /// // A tag longer than half the key would show most of it.
+    /// assert!(labels.label("sk_live_abc").starts_with('#'));
+    /// ```
+    #[must_use]
+    pub fn with_type_tags<T: Into<String>>(mut self, tags: impl IntoIterator<Item = T>) -> Self {
+        let mut tags: Vec<String> = tags.into_iter().map(Into::into).collect();
+        // Longest first: the first tag that fits is the longest.
+        tags.sort_by_key(|tag| std::cmp::Reverse(tag.len()));
+        self.tags = tags.into();
+        self
     }
 
     /// Cuts labels to `max_len` bytes (at a character boundary) instead of
@@ -229,7 +271,7 @@ impl KeyLabels {
         let mut label = match &self.show {
             Show::Fingerprint(secret) => {
                 let secret = secret.unwrap_or_else(default_secret);
-                fingerprint(prefix(key), secret.hash(key))
+                fingerprint(type_tag(key, &self.tags), secret.hash(key))
             }
             Show::Raw => key.to_owned(),
             Show::With(label) => label(key),
@@ -243,30 +285,39 @@ impl KeyLabels {
     /// Call it at startup, before any key is shown: the first fingerprint
     /// made without it fixes a random secret for the life of the process.
     ///
-    /// Returns `false`, and changes nothing, if the default secret was
+    /// Returns `Ok(false)`, and changes nothing, if the default secret was
     /// already fixed (by an earlier call, or by a first use).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::SecretTooShort`], changing nothing, for a secret
+    /// under [`MIN_LABEL_SECRET_LEN`] bytes.
     ///
     /// # Examples
     ///
     /// ```
-    /// use keyrate::KeyLabels;
+    /// use keyrate::{ConfigError, KeyLabels};
     ///
     /// // At startup, from the operator's configuration:
-    /// let first = KeyLabels::set_default_secret(b"shared by the fleet");
+    /// assert!(KeyLabels::set_default_secret(b"")
+    ///     .is_err_and(|e| e == ConfigError::SecretTooShort { len: 0 }));
+    /// let first = KeyLabels::set_default_secret(b"shared by the fleet")?;
     /// assert!(first);
-    /// assert!(!KeyLabels::set_default_secret(b"too late"));
+    /// assert!(!KeyLabels::set_default_secret(b"too late, though long")?);
     /// assert_eq!(
     ///     KeyLabels::fingerprint().label("sk_live_abcdef123"),
-    ///     KeyLabels::fingerprint_with_secret(b"shared by the fleet").label("sk_live_abcdef123"),
+    ///     KeyLabels::fingerprint_with_secret(b"shared by the fleet")?.label("sk_live_abcdef123"),
     /// );
+    /// # Ok::<(), ConfigError>(())
     /// ```
-    pub fn set_default_secret(secret: &[u8]) -> bool {
+    pub fn set_default_secret(secret: &[u8]) -> Result<bool, ConfigError> {
+        let secret = Secret::checked(secret)?;
         let mut set = false;
         DEFAULT_SECRET.get_or_init(|| {
             set = true;
-            Secret::derive(secret)
+            secret
         });
-        set
+        Ok(set)
     }
 }
 
@@ -286,11 +337,21 @@ impl Secret {
     /// key (domain separation), so every process derives the same key
     /// from the same secret.
     fn derive(secret: &[u8]) -> Secret {
+        debug_assert!(secret.len() >= MIN_LABEL_SECRET_LEN);
         // "keyrate key lab" "el secret v1.."
         let mut hasher =
             SipHasher13x128::new_with_keys(0x6b65_7972_6174_6520, 0x6c61_6265_6c20_7631);
         hasher.write(secret);
         Secret(hasher.finish128().as_bytes())
+    }
+
+    /// [`derive`](Self::derive), for a secret of at least
+    /// [`MIN_LABEL_SECRET_LEN`] bytes.
+    fn checked(secret: &[u8]) -> Result<Secret, ConfigError> {
+        if secret.len() < MIN_LABEL_SECRET_LEN {
+            return Err(ConfigError::SecretTooShort { len: secret.len() });
+        }
+        Ok(Secret::derive(secret))
     }
 
     /// 128 random bits: std's `RandomState` is seeded from the operating
@@ -317,21 +378,12 @@ fn fingerprint(prefix: &str, hash: u64) -> String {
     format!("{prefix}#{hash:016x}")
 }
 
-/// The key's non-secret type tag (see [`KeyLabels`]), or `""`.
-fn prefix(key: &str) -> &str {
-    let window = &key.as_bytes()[..key.len().min(PREFIX_WINDOW)];
-    let Some(end) = window.iter().rposition(|&b| b == b'_') else {
-        return "";
-    };
-    let prefix = &key[..=end];
-    let tag = prefix.split('_').filter(|s| !s.is_empty()).all(|segment| {
-        segment.len() <= PREFIX_SEGMENT && segment.bytes().all(|b| b.is_ascii_alphanumeric())
-    });
-    if tag && 2 * prefix.len() <= key.len() {
-        prefix
-    } else {
-        ""
-    }
+/// The longest of `tags` (longest first) that `key` starts with and that
+/// is at most half of it, or `""`.
+fn type_tag<'t>(key: &str, tags: &'t [String]) -> &'t str {
+    tags.iter()
+        .find(|tag| key.starts_with(tag.as_str()) && 2 * tag.len() <= key.len())
+        .map_or("", String::as_str)
 }
 
 /// Cuts `label` to at most `max_len` bytes, at a character boundary.
@@ -345,23 +397,14 @@ fn truncate(label: &mut String, max_len: usize) {
     }
 }
 
-/// A key, shown by `Debug` as its fingerprint under the default secret:
-/// for a string key, the same text as [`KeyLabels::fingerprint`]'s label,
-/// quoted; for other keys, the hash alone.
+/// A key, shown by `Debug` as its fingerprint under the default secret
+/// and with no type tag: for a string key, the same text as
+/// [`KeyLabels::fingerprint`]'s label, quoted.
 pub(crate) struct Shown<'a, K: ?Sized>(pub(crate) &'a K);
 
-impl<K: Hash + fmt::Debug + ?Sized> fmt::Debug for Shown<'_, K> {
+impl<K: Hash + ?Sized> fmt::Debug for Shown<'_, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The prefix is read from the key's own `Debug` when that is a
-        // quoted string (a `String`, a `&str`): its type tag holds no
-        // character that `Debug` escapes.
-        let mut text = String::new();
-        write!(text, "{:?}", self.0)?;
-        let prefix = text
-            .strip_prefix('"')
-            .and_then(|quoted| quoted.strip_suffix('"'))
-            .map_or("", prefix);
-        fmt::Debug::fmt(&fingerprint(prefix, default_secret().hash(self.0)), f)
+        fmt::Debug::fmt(&fingerprint("", default_secret().hash(self.0)), f)
     }
 }
 

@@ -13,7 +13,7 @@ pub use counters::Stats;
 pub(crate) use counters::{Cell, Counters, Striped};
 #[cfg(feature = "tower")]
 pub(crate) use label::Shown;
-pub use label::{KeyLabels, MAX_KEY_LABEL_LEN};
+pub use label::{KeyLabels, MAX_KEY_LABEL_LEN, MIN_LABEL_SECRET_LEN};
 pub(crate) use offenders::OffenderSketch;
 pub use offenders::{Offenders, OFFENDER_SLOTS};
 #[cfg(feature = "tower")]

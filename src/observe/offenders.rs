@@ -107,7 +107,9 @@ impl<K> Offenders<K> {
     /// }
     /// let offenders = limiter.top_offenders(10);
     /// let exported = offenders.labelled(&KeyLabels::fingerprint());
-    /// assert!(exported.top[0].0.starts_with("sk_live_#"));
+    /// assert!(exported.top[0].0.starts_with('#')); // no character of the key
+    /// let tagged = offenders.labelled(&KeyLabels::fingerprint().with_type_tags(["sk_live_"]));
+    /// assert!(tagged.top[0].0.starts_with("sk_live_#"));
     /// assert_eq!(exported.top[0].1, 3);
     /// let by_customer = offenders.labelled(&KeyLabels::with(|_| "acme".to_owned()));
     /// assert_eq!(by_customer.top, vec![("acme".to_owned(), 4)]);

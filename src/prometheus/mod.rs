@@ -44,8 +44,9 @@
 //!
 //! A key appears only as the `key` label of `keyrate_offender_denials`,
 //! shown by the [`KeyLabels`] policy of [`with_key_labels`](Metrics::with_key_labels):
-//! by default a fingerprint (`sk_live_#` and a keyed hash of the whole key,
-//! see [`KeyLabels`]), never the raw key, which a scrape endpoint that
+//! by default a fingerprint (a keyed hash of the whole key, after a type
+//! tag such as `sk_live_` only where you list it, see [`KeyLabels`]),
+//! never the raw key, which a scrape endpoint that
 //! anyone can read would otherwise publish for any key that got one 429.
 //! Labels are at most 64 bytes. [`KeyLabels::raw`] shows keys that are not
 //! secrets; [`KeyLabels::with`] your own function (key -> customer id).
@@ -173,10 +174,11 @@ impl Metrics {
     ///
     /// // A fleet's processes share a secret, so their labels agree.
     /// let shared = Metrics::new()
-    ///     .with_key_labels(KeyLabels::fingerprint_with_secret(b"from the vault"))
+    ///     .with_key_labels(KeyLabels::fingerprint_with_secret(b"from the operator's vault")?)
     ///     .limiter("api", limiter.clone());
-    /// let label = KeyLabels::fingerprint_with_secret(b"from the vault").label("tenant-7");
+    /// let label = KeyLabels::fingerprint_with_secret(b"from the operator's vault")?.label("tenant-7");
     /// assert!(shared.render().contains(&format!(r#"{{key="{label}",limiter="api"}} 1"#)));
+    /// # Ok::<(), keyrate::ConfigError>(())
     /// ```
     #[must_use]
     pub fn with_key_labels(mut self, labels: KeyLabels) -> Self {

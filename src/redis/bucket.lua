@@ -125,7 +125,7 @@ elseif len > 0 then
   full_n = tonumber(stored)
 end
 if not (full_s and full_n) then
-  return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
+  return redis.error_reply('ERR keyrate: a bucket key does not hold a keyrate word')
 end
 
 local spend_s, spend_n = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -142,7 +142,7 @@ if full_s > lim_s or (full_s == lim_s and full_n > lim_n) then
   return {0, stored, now_s, now_n}
 end
 if len > 20 or find(stored, '%D') then
-  return redis.error_reply('ERR keyrate: bucket key ' .. key .. ' does not hold a keyrate word')
+  return redis.error_reply('ERR keyrate: a bucket key does not hold a keyrate word')
 end
 
 -- The new word: max(full_at, now) + spend.

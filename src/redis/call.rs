@@ -172,7 +172,7 @@ impl Settings {
             When::Server => None,
         };
         let guessed = call.guess.map(|guess| guess.expected);
-        let reply = script::parse(&call.key, &answer?, at, guessed)?;
+        let reply = script::parse(&answer?, at, guessed)?;
         let decision = gcra::decide(reply.full_at, reply.now, call.cost, &call.quota);
         if decision.is_ok() != reply.admitted {
             return Err(RedisLimiterError::reply(

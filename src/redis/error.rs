@@ -245,10 +245,14 @@ impl RedisLimiterError {
         }
     }
 
-    pub(super) fn foreign(key: &str) -> Self {
+    /// A bucket's Redis key holds something else. Its name is not in the
+    /// message: with `KeyNames::Encoded` it holds the user's key, and
+    /// errors reach logs.
+    pub(super) fn foreign() -> Self {
         RedisLimiterError {
             kind: RedisErrorKind::Script,
-            message: format!("bucket key {key} does not hold a keyrate word"),
+            message: "a bucket key does not hold a keyrate word (another program wrote it?)"
+                .to_owned(),
             source: None,
             circuit_open: false,
         }

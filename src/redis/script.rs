@@ -213,7 +213,6 @@ pub(super) fn word(stored: &str) -> Option<Nanos> {
 /// the caller's timestamp, if the call had one; `guessed`, the word the
 /// call's [`Guess`] expected, if it sent one.
 pub(super) fn parse(
-    key: &str,
     answer: &Value,
     now: Option<Nanos>,
     guessed: Option<Nanos>,
@@ -252,7 +251,7 @@ pub(super) fn parse(
     };
     let admitted: i64 = ::redis::from_redis_value(admitted).map_err(|_| shape())?;
     let stored: String = ::redis::from_redis_value(stored).map_err(|_| shape())?;
-    let full_at = word(&stored).ok_or_else(|| RedisLimiterError::foreign(key))?;
+    let full_at = word(&stored).ok_or_else(RedisLimiterError::foreign)?;
     let now = match now {
         Some(now) => now,
         None => {
@@ -300,7 +299,7 @@ mod tests {
     fn the_fast_path_answers_with_the_guessed_word() {
         let now = Nanos::new(1_700_000_000_123_456_789);
         let guessed = Nanos::new(1_700_000_000_000_000_000);
-        let reply = parse("k", &Value::Int(1), Some(now), Some(guessed)).unwrap();
+        let reply = parse(&Value::Int(1), Some(now), Some(guessed)).unwrap();
         assert!(reply.admitted);
         assert_eq!(reply.full_at, guessed);
         assert_eq!(reply.now, now);
@@ -311,7 +310,7 @@ mod tests {
             (Value::Int(1), None, Some(guessed)),
             (Value::Int(0), Some(now), Some(guessed)),
         ] {
-            assert!(parse("k", &answer, at, guess).is_err(), "{answer:?}");
+            assert!(parse(&answer, at, guess).is_err(), "{answer:?}");
         }
         // The general path's answer is read whether or not a guess was sent.
         let general = Value::Array(vec![
@@ -321,14 +320,14 @@ mod tests {
             Value::Int(123_456_789),
         ]);
         for guess in [None, Some(guessed)] {
-            let reply = parse("k", &general, None, guess).unwrap();
+            let reply = parse(&general, None, guess).unwrap();
             assert!(!reply.admitted);
             assert_eq!(reply.full_at, Nanos::new(1_700_000_001_000_000_000));
             assert_eq!(reply.now, now);
         }
         // The old two-item fast-path answer is no longer one.
         let two = Value::Array(vec![Value::Int(1), Value::BulkString(Vec::new())]);
-        assert!(parse("k", &two, Some(now), Some(guessed)).is_err());
+        assert!(parse(&two, Some(now), Some(guessed)).is_err());
     }
 
     #[test]
@@ -340,17 +339,17 @@ mod tests {
                 Value::BulkString(micros.as_bytes().to_vec()),
             ])
         };
-        let reply = parse("k", &time("1700000000", "123456"), None, Some(guessed)).unwrap();
+        let reply = parse(&time("1700000000", "123456"), None, Some(guessed)).unwrap();
         assert!(reply.admitted);
         assert_eq!(reply.full_at, guessed);
         assert_eq!(reply.now, Nanos::new(1_700_000_000_123_456_000));
         // Only a call at Redis's clock that sent a guess gets this answer;
         // and TIME's microseconds are below a second.
-        assert!(parse("k", &time("1700000000", "123456"), None, None).is_err());
+        assert!(parse(&time("1700000000", "123456"), None, None).is_err());
         let now = Some(Nanos::new(1));
-        assert!(parse("k", &time("1700000000", "123456"), now, Some(guessed)).is_err());
-        assert!(parse("k", &time("1700000000", "1000000"), None, Some(guessed)).is_err());
-        assert!(parse("k", &time("-1", "0"), None, Some(guessed)).is_err());
+        assert!(parse(&time("1700000000", "123456"), now, Some(guessed)).is_err());
+        assert!(parse(&time("1700000000", "1000000"), None, Some(guessed)).is_err());
+        assert!(parse(&time("-1", "0"), None, Some(guessed)).is_err());
     }
 
     #[test]

@@ -83,6 +83,10 @@ acme_b       cust_acme_b   org_acme     free
 /// The series of the streams the server holds open.
 pub const STREAMS_IN_FLIGHT: &str = r#"keyrate_concurrency_in_flight{limiter="streams"}"#;
 
+/// Long enough for an address's failed authentications to refill (on the
+/// server's `ManualClock`).
+pub const REFILLED: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// The admin token the test server is configured with.
 pub const ADMIN_TOKEN: &str = "test-admin-token-7d1f0c2a";
 /// The metrics token the test server is configured with.

@@ -57,7 +57,7 @@ for i = 1, #KEYS do
     for part in string.gmatch(value .. ',', '([^,]*),') do
       local len = #part
       if len == 0 or len > 20 or #w == 8 or string.find(part, '%D') then
-        return redis.error_reply('ERR keyrate: bucket key ' .. KEYS[i] .. ' does not hold keyrate words')
+        return redis.error_reply('ERR keyrate: a bucket key does not hold keyrate words')
       end
       if len > 9 then
         w[#w + 1] = {tonumber(string.sub(part, 1, len - 9)), tonumber(string.sub(part, len - 8))}

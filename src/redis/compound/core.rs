@@ -199,10 +199,9 @@ impl Settings {
         };
         let words = items[3..]
             .iter()
-            .zip(&call.names)
-            .map(|(value, name)| {
+            .map(|value| {
                 let value: String = ::redis::from_redis_value(value).map_err(|_| shape())?;
-                words(&value).ok_or_else(|| RedisLimiterError::foreign(name))
+                words(&value).ok_or_else(RedisLimiterError::foreign)
             })
             .collect::<Result<_, _>>()?;
         Ok((admitted, now, words))
