@@ -246,6 +246,52 @@ fn sweep_keyed_spend_and_handle_all_race() {
     );
 }
 
+/// A sweep stamped later than a call on the key it removes: the call (on
+/// another thread, whose clock read came first) is stamped 1 s, the sweep
+/// 3 s. "k", emptied at 0 s (full again at 2 s), holds one token at 1 s
+/// whether the sweep removed it or not: the call that lands after the
+/// removal starts the key from the removed bucket's word, not from a
+/// bucket full at every instant. Exactly one of two such calls is
+/// admitted, and the key then holds nothing at 1 s.
+#[test]
+fn a_sweep_ahead_of_a_call_gives_its_key_no_tokens() {
+    model(
+        "4 limiter: sweep at 3 s vs a keyed spend stamped 1 s",
+        || {
+            let limiter = Arc::new(TokenBucketLimiter::new(1.0, 2));
+            assert!(limiter.allow_n("k", 0.0, 2));
+            let lagging = {
+                let limiter = Arc::clone(&limiter);
+                loom::thread::spawn(move || limiter.allow("k", 1.0))
+            };
+            let removed = limiter.sweep(3.0);
+            let admitted = lagging.join().expect("the spender panicked");
+            assert!(admitted, "the token held at 1 s");
+            assert!(removed <= 1);
+            assert!(
+                !limiter.allow("k", 1.0),
+                "a second token at 1 s (removed {removed})"
+            );
+            assert_eq!(limiter.remaining("k", 1.0), Ok(0));
+            // At and after the removed word, the key is as a new key is: full
+            // (2 s after the admitted spend at 1 s, whatever the order).
+            assert_eq!(limiter.remaining("k", 3.0), Ok(2));
+        },
+    );
+}
+
+/// `a_sweep_ahead_of_a_call_gives_its_key_no_tokens` with a sweep that
+/// keeps no mark of the words it removes
+/// (`Flaw::RemovedWordForgotten`): the call that lands after the removal
+/// finds the key full at 1 s.
+#[test]
+#[should_panic(expected = "a second token at 1 s")]
+fn broken_sweep_forgetting_removed_words_refills_a_key() {
+    keyrate::loom_api::with_flaw(keyrate::loom_api::Flaw::RemovedWordForgotten, || {
+        a_sweep_ahead_of_a_call_gives_its_key_no_tokens();
+    });
+}
+
 /// `sweep_races_a_live_handle` on the real limiter with eviction that does
 /// not ask whether a handle pins the bucket
 /// (`Flaw::EvictIgnoringHandles`): a sweep between the handle's making and

@@ -205,15 +205,17 @@ impl Bucket {
         self.full_at.load(Ordering::Relaxed)
     }
 
-    /// Retires the bucket if it is full at `now`; returns whether it did.
+    /// Retires the bucket if it is full at `now`; returns the word it
+    /// retired (the instant the bucket was full from, which the sweep
+    /// keeps: `Pace::removed`), or `None` if it did not.
     ///
-    /// After a `true` return every later [`spend`](Self::spend) on this
+    /// After a `Some` return every later [`spend`](Self::spend) on this
     /// bucket fails with [`SpendError::Retired`], so a spend racing with
     /// eviction (on a moved bucket; a map entry's spends hold the same
     /// shard lock as the sweep) either lands before the retirement (and the
     /// bucket is then not full, so it is kept) or is sent back to the map.
     /// No admitted spend is ever swallowed.
-    pub(crate) fn try_retire(&self, now: Nanos) -> bool {
+    pub(crate) fn retire_if_full(&self, now: Nanos) -> Option<Nanos> {
         // Relaxed for the same reason as in `spend`: the compare-exchange
         // alone decides which of a racing spend and the retirement wins.
         let mut current = self.full_at.load(Ordering::Relaxed);
@@ -224,19 +226,19 @@ impl Bucket {
             if full {
                 self.full_at.store(RETIRED, Ordering::Relaxed);
             }
-            return full;
+            return full.then_some(Nanos::new(current));
         }
         #[cfg(loom)]
         if crate::flaw::flawed(crate::flaw::Flaw::RetireWithoutMarking) {
             // BROKEN (a model's twin): the fullness check alone; the word
             // is left live for a spend that already found the bucket.
-            return gcra::is_full(Nanos::new(current), now);
+            return gcra::is_full(Nanos::new(current), now).then_some(Nanos::new(current));
         }
         loop {
             // Marker words are never full: `is_full` needs `current <= now`,
             // and `now < 2^63`.
             if !gcra::is_full(Nanos::new(current), now) {
-                return false;
+                return None;
             }
             match self.full_at.compare_exchange_weak(
                 current,
@@ -244,7 +246,7 @@ impl Bucket {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => return Some(Nanos::new(current)),
                 Err(actual) => current = actual,
             }
         }

@@ -51,6 +51,10 @@ pub enum Flaw {
     /// instead of a compare-and-swap that leaves the marker words alone:
     /// it revives a bucket the sweep has retired and removed from its map.
     ResetByPlainStore,
+    /// A sweep removes a bucket without keeping its word for the key's
+    /// return: the key starts full again, and a call stamped before the
+    /// sweep's timestamp spends tokens that bucket did not hold.
+    RemovedWordForgotten,
     /// A bucket's retirement checks that it is full and reports it retired
     /// without writing `RETIRED`: a map whose readers take no lock removes
     /// it while a spend that already found it still lands on it.

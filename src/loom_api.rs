@@ -82,7 +82,7 @@ impl Bucket {
 
     /// The real retirement: compare-and-swap to [`RETIRED`] if full at `now`.
     pub fn try_retire(&self, now: u64) -> bool {
-        self.0.try_retire(Nanos::new(now))
+        self.0.retire_if_full(Nanos::new(now)).is_some()
     }
 }
 

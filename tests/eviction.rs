@@ -230,6 +230,44 @@ fn keys_that_come_back_lengthen_the_passes_until_they_are_kept() {
     assert!(limiter.len() >= KEYS as usize);
 }
 
+/// A sweep stamped later than a call on the key it removes (another
+/// thread read the clock first; a caller's clock that lags) must not give
+/// that key back the tokens it had spent: the key starts again from the
+/// removed bucket's word. Here the automatic sweep runs at 1,000 s, driven
+/// by new keys, and removes "victim", emptied at 0 s and full again from
+/// 10 s; calls on it stamped 0.5 s then find what its bucket held then.
+#[test]
+fn a_sweep_stamped_later_gives_a_removed_key_no_tokens() {
+    let limiter = paced(1.0, 10);
+    assert!(limiter.allow_n("victim", 0.0, 10));
+    let mut others = 0;
+    while limiter.stats().buckets_evicted == 0 {
+        assert!(limiter.allow(&format!("other {others}"), 1000.0));
+        others += 1;
+        assert!(others < 100 * PASS, "no sweep removed anything");
+    }
+    // Every other key was spent at 1,000 s: "victim" is the one removed.
+    assert_eq!(limiter.stats().buckets_evicted, 1);
+    assert_eq!(limiter.remaining("victim", 0.5), Ok(0));
+    let admitted = (0..20).filter(|_| limiter.allow("victim", 0.5)).count();
+    assert_eq!(admitted, 0, "a removed key spent tokens it did not hold");
+    // It holds what an unremoved bucket would: one token a second, full
+    // from 10 s.
+    assert_eq!(limiter.remaining("victim", 3.0), Ok(3));
+    assert_eq!(limiter.remaining("victim", 10.0), Ok(10));
+    // By hand too, and for a key never seen, at the instants before the
+    // latest word removed (10 s): no fuller than a removed key.
+    let by_hand = paced(1.0, 10);
+    assert!(by_hand.allow_n("victim", 0.0, 10));
+    assert_eq!(by_hand.sweep(1000.0), 1);
+    assert!(!by_hand.allow("victim", 0.5));
+    assert_eq!(by_hand.remaining("never seen", 4.0), Ok(4));
+    assert_eq!(by_hand.remaining("never seen", 10.0), Ok(10));
+    // An operator's reset_all makes every key full again, removed or not.
+    by_hand.reset_all();
+    assert_eq!(by_hand.remaining("victim", 0.5), Ok(10));
+}
+
 #[test]
 fn without_auto_sweep_nothing_is_evicted() {
     let limiter = TokenBucketLimiter::new(10.0, 5).with_auto_sweep(false);

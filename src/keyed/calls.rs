@@ -221,8 +221,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         Under::new(self, *quota)
     }
 
-    /// The word of `key`'s bucket, wherever it lives; 0 (full) for a key
-    /// without one.
+    /// The word of `key`'s bucket, wherever it lives; for a key without
+    /// one, the word it would start from (read after the lookup found it
+    /// absent, see `life::start_word`).
     pub(super) fn word<Q>(&self, key: &Q) -> u64
     where
         K: Borrow<Q>,
@@ -234,7 +235,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 word => Some(word),
             })
             .flatten()
-            .unwrap_or(0)
+            .unwrap_or_else(|| self.start_word().as_u64())
     }
 }
 

@@ -109,7 +109,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let occupancy = &self.occupancy;
         // The place under the cap is reserved under the shard's write lock,
         // only when the key is absent (as for a keyed call's new bucket).
-        let init = || occupancy.reserve().then(|| self.observer.created());
+        let init = || {
+            occupancy
+                .reserve()
+                .then(|| self.observer.created(self.start_word()))
+        };
         let moved = self.buckets.try_write(
             self.buckets.hash(key),
             key,

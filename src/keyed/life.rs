@@ -40,17 +40,26 @@ pub(super) struct Moved {
 
 /// # A bucket's life: created, moved to an `Arc`, retired
 impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
-    /// A new bucket for the key whose hash is `hash`, counted (and shown
-    /// to the sweep's ghosts), with its place under the cap reserved;
-    /// `None` at the cap. Called under the shard's write lock, only for a
-    /// key that is absent.
+    /// A new bucket for the key whose hash is `hash`, of word `start`
+    /// (the sweep's [`restart`](crate::pace::Pace::restart), read under
+    /// the same lock), counted (and shown to the sweep's ghosts), with its
+    /// place under the cap reserved; `None` at the cap. Called under the
+    /// shard's write lock, only for a key that is absent.
     #[inline]
-    pub(super) fn new_bucket(&self, hash: u64) -> Option<Bucket> {
+    pub(super) fn new_bucket(&self, hash: u64, start: Nanos) -> Option<Bucket> {
         let occupancy = &self.occupancy;
         occupancy.reserve().then(|| {
             occupancy.pace.ghosts.created(hash);
-            self.observer.created()
+            self.observer.created(start)
         })
+    }
+
+    /// The word of a key without a bucket (see
+    /// [`Pace::restart`](crate::pace::Pace::restart)): read under the lock
+    /// of the key's shard, or after a lookup under it found the key absent.
+    #[inline]
+    pub(super) fn start_word(&self) -> Nanos {
+        self.occupancy.pace.restart()
     }
 
     /// Takes back a creation [`new_bucket`](Self::new_bucket) counted
@@ -124,9 +133,22 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     }
 
     /// Whether `key`'s bucket is full at `at` and pinned by no handle; if
-    /// so, retires it (and removes its `moved` entry): the caller, holding
-    /// the key's shard write lock, then removes the entry.
-    pub(super) fn evict(&self, key: &K, bucket: &Bucket, at: Nanos) -> bool {
+    /// so, retires it (and removes its `moved` entry), records its word
+    /// for the keys that come back (`recorded`: see
+    /// [`Pace::removed`](crate::pace::Pace::removed)), and returns true:
+    /// the caller, holding the key's shard write lock, then removes the
+    /// entry.
+    pub(super) fn evict(&self, key: &K, bucket: &Bucket, at: Nanos, recorded: &mut Nanos) -> bool {
+        let word = self.retire(key, bucket, at);
+        if let Some(word) = word {
+            self.occupancy.pace.removed(word, recorded);
+        }
+        word.is_some()
+    }
+
+    /// The retirement of [`evict`](Self::evict): the word retired, if it
+    /// did retire the bucket.
+    fn retire(&self, key: &K, bucket: &Bucket, at: Nanos) -> Option<Nanos> {
         match bucket.word() {
             // The lock order (see above): this shard, held by the caller,
             // then `moved`.
@@ -135,14 +157,22 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             // and a handle is cloned only from a live one. Hot-key
             // caches hold the bucket but not the pin: retiring it sends
             // their next call back to the map, exactly as a keyed call.
-            MOVED => self.moved.remove_if(key, |moved| {
-                #[cfg(loom)]
-                if crate::flaw::flawed(crate::flaw::Flaw::EvictIgnoringHandles) {
-                    return moved.bucket.try_retire(at);
-                }
-                Arc::strong_count(&moved.pin) == 1 && moved.bucket.try_retire(at)
-            }),
-            _ => bucket.try_retire(at),
+            MOVED => {
+                let mut retired = None;
+                self.moved.remove_if(key, |moved| {
+                    #[cfg(loom)]
+                    if crate::flaw::flawed(crate::flaw::Flaw::EvictIgnoringHandles) {
+                        retired = moved.bucket.retire_if_full(at);
+                        return retired.is_some();
+                    }
+                    if Arc::strong_count(&moved.pin) == 1 {
+                        retired = moved.bucket.retire_if_full(at);
+                    }
+                    retired.is_some()
+                });
+                retired
+            }
+            _ => bucket.retire_if_full(at),
         }
     }
 }

@@ -83,11 +83,16 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 // A call that would change nothing on a full bucket (cost
                 // 0) or be denied even there creates none here (the slow
                 // path answers it).
+                let start = self.start_word();
                 let spends = matches!(
-                    gcra::decide(Nanos::ZERO, now, cost, quota),
-                    Ok(word) if word != Nanos::ZERO
+                    gcra::decide(start, now, cost, quota),
+                    Ok(word) if word != start
                 );
-                let bucket = if spends { self.new_bucket(hash) } else { None };
+                let bucket = if spends {
+                    self.new_bucket(hash, start)
+                } else {
+                    None
+                };
                 created = bucket.is_some();
                 bucket
             },
@@ -177,10 +182,13 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        // A call that would change nothing on a full bucket (cost 0) or
-        // be denied even there (cost > capacity) creates no bucket.
-        match gcra::decide(Nanos::ZERO, call.now, call.cost, call.quota) {
-            Ok(Nanos::ZERO) => return Ok(Nanos::ZERO),
+        // A call that would change nothing on a new bucket (cost 0) or
+        // be denied there creates no bucket: it is answered from the word
+        // of a key without one, read after the fast path found none (a
+        // creation below reads it again, under the shard lock).
+        let start = self.start_word();
+        match gcra::decide(start, call.now, call.cost, call.quota) {
+            Ok(word) if word == start => return Ok(word),
             Ok(_) => {}
             Err(denial) => return Err(denial),
         }
@@ -214,7 +222,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         let result = self.buckets.try_write(
             call.hash,
             call.key,
-            || self.new_bucket(call.hash),
+            || self.new_bucket(call.hash, self.start_word()),
             |bucket| bucket.spend_locked(call.now, call.cost, call.quota),
             || self.creation_undone(),
         );

@@ -27,10 +27,10 @@ pub(super) fn new_observer<K: Hash + Eq, S: BuildHasher>(
 }
 
 impl<K: Hash + Eq, S: BuildHasher> Observer<K, S> {
-    /// A new bucket, counted.
-    pub(super) fn created(&self) -> Bucket {
+    /// A new bucket of word `start`, counted.
+    pub(super) fn created(&self, start: Nanos) -> Bucket {
         self.counters.add(Cell::Created, 1);
-        Bucket::new()
+        Bucket::with_word(start.as_u64())
     }
 }
 

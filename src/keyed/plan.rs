@@ -183,6 +183,8 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(limiter.allow("b", 0.0));
     /// ```
     pub fn reset_all(&self) -> usize {
+        // Keys without a bucket start full again too (see `Pace::restart`).
+        self.occupancy.pace.forget_removed();
         let mut buckets = 0;
         self.buckets.retain(|key, bucket| {
             self.reset_entry(key, bucket);

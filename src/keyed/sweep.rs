@@ -50,8 +50,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // Places given back however the sweep ends (a key's `Drop` may
         // panic on eviction).
         let removed = Tally::new(|n| self.occupancy.release(n));
+        let mut recorded = self.start_word();
         self.buckets.retain(|key, bucket| {
-            let evict = self.evict(key, bucket, now);
+            let evict = self.evict(key, bucket, now, &mut recorded);
             removed.add(evict);
             !evict
         });
@@ -73,6 +74,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
         // (a sweep stuck for good would let the map grow without bound),
         // and the next step starts at the next shard.
         let removed = Tally::new(|n| occupancy.abandoned(n));
+        let mut recorded = self.start_word();
         let next = self
             .buckets
             .retain_slice(step.shard, step.at, SWEEP_SLICE, |key, bucket| {
@@ -83,7 +85,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
                 // were sampled.
                 let may_go = Self::may_evict(bucket, step.full_at);
                 let sampled = (may_go && Ghosts::sampled(one_in)).then(|| self.buckets.hash(key));
-                let evict = self.evict(key, bucket, step.full_at);
+                let evict = self.evict(key, bucket, step.full_at, &mut recorded);
                 removed.add(evict);
                 if let (true, Some(hash)) = (evict, sampled) {
                     occupancy.pace.ghosts.evicted(hash);

@@ -33,6 +33,17 @@
 //! sweep, and the keys made meanwhile stay until the steps owed, taken
 //! one call after another, have caught up.
 //!
+//! A removed entry leaves a mark: the latest instant from which any
+//! removed entry was full ([`Pace::restart`]). A key that comes back
+//! starts from it, full at and after it, not before: a call stamped
+//! earlier than a sweep that removed its key (another thread read the
+//! clock first, or a caller's timeline lags) then finds the bucket no
+//! fuller than it was, where a bucket made full at every instant would
+//! have refilled it by as much as the sweep's timestamp is ahead. A key
+//! never seen is indistinguishable from a removed one, so it starts from
+//! the mark too: the same at and after it, which is every call of a
+//! timeline that only moves forward.
+//!
 //! The protocol: a thread whose new key finds a step due takes `sweeping`
 //! with a swap (Acquire); it alone reads and writes the place fields
 //! (`shard` to `idle_since`, all `Relaxed`) and lets the flag go with a
@@ -190,6 +201,13 @@ pub(crate) struct Pace {
     idle_since: AtomicU64,
     /// Ghosts of the keys the sweep removed, to see them come back.
     pub(crate) ghosts: Ghosts,
+    /// The latest word (`full_at`) of an entry removed by a sweep, by hand
+    /// or automatic, 0 before the first: where a key without an entry
+    /// starts (see the module docs). Raised under the removed entry's
+    /// shard lock, before the removal is seen, and read under the lock of
+    /// the shard that creates the key, so a creation that finds a key
+    /// removed sees at least its word.
+    restart: AtomicU64,
     /// The fewest new keys a pass is spread over.
     floor: usize,
     /// The shards a pass visits.
@@ -214,9 +232,45 @@ impl Pace {
             started: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             ghosts: Ghosts::new(),
+            restart: AtomicU64::new(0),
             floor,
             shards,
         }
+    }
+
+    /// The word of a key without an entry: the latest word of an entry
+    /// removed (see the module docs), `Nanos::ZERO` before any was.
+    /// Read it under the lock of the shard the key's entry would be in.
+    #[inline]
+    pub(crate) fn restart(&self) -> Nanos {
+        // Relaxed: ordered by the shard locks (see `restart`'s field).
+        Nanos::new(self.restart.load(Ordering::Relaxed))
+    }
+
+    /// Records the word of an entry being removed, under its shard's
+    /// write lock, before the entry leaves the map. A caller removing
+    /// several keeps the highest recorded so far (`recorded`) and calls
+    /// this only for a higher one.
+    #[inline]
+    pub(crate) fn removed(&self, word: Nanos, recorded: &mut Nanos) {
+        #[cfg(loom)]
+        if crate::flaw::flawed(crate::flaw::Flaw::RemovedWordForgotten) {
+            // BROKEN (a model's twin): the removal leaves no mark.
+            return;
+        }
+        if word > *recorded {
+            // Relaxed: the shard lock, released after the entry is gone,
+            // publishes it to the creation that finds the key absent.
+            self.restart.fetch_max(word.as_u64(), Ordering::Relaxed);
+            *recorded = word;
+        }
+    }
+
+    /// Forgets the words of the entries removed so far: keys without an
+    /// entry start full at every instant again (an operator's
+    /// `reset_all`).
+    pub(crate) fn forget_removed(&self) {
+        self.restart.store(0, Ordering::Relaxed);
     }
 
     /// Counts one new key; true if a step is due now (the caller then
