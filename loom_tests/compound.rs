@@ -106,7 +106,7 @@ fn compound_calls_are_all_or_nothing() {
 }
 
 #[test]
-#[should_panic]
+#[should_panic(expected = "is no sequential order's")]
 fn broken_compound_check_then_spend() {
     loom_api::with_flaw(Flaw::CompoundCheckThenSpend, || {
         model(

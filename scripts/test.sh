@@ -7,7 +7,8 @@
 # exit. A server the caller names already (KEYRATE_REDIS_URL,
 # KEYRATE_REDIS_CLUSTER_URLS) is used instead of starting one. Without
 # redis-server the Redis tests are left out and the end of the run says so;
-# with CI set that is a failure instead.
+# with CI set that is a failure instead. Likewise without promtool the
+# server tests' /metrics scrapes are not linted, and the end says so.
 #
 # Every test binary runs (--no-fail-fast); the exit status is non-zero if
 # anything failed.
@@ -220,6 +221,14 @@ PY
   if [ -n "${KEYRATE_REDIS_URL:-}${KEYRATE_REDIS_CLUSTER_URLS:-}" ]; then
     echo "!!! (KEYRATE_REDIS_URL/KEYRATE_REDIS_CLUSTER_URLS are set, but the restart test needs redis-server too.)"
   fi
+fi
+# The server tests lint each /metrics scrape with promtool when it is on
+# PATH (tests/server_support: with CI set they fail without it). Without
+# it they pass unlinted, saying so only on stderr, which libtest hides.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "!!! SKIPPED: the promtool lint of the server tests' /metrics scrapes,"
+  echo "!!! because promtool is not installed (apt-get install prometheus;"
+  echo "!!! with CI set the server tests fail without it)."
 fi
 if [ "${#FAILED[@]}" -gt 0 ]; then
   printf 'FAILED: %s\n' "${FAILED[@]}"

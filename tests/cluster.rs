@@ -17,7 +17,7 @@ mod redis_support;
 
 use keyrate::{AsyncLimiter, FailurePolicy, Quota, RedisDenial, RedisErrorKind, RedisLimiter};
 use redis::aio::MultiplexedConnection;
-use redis_support::{cluster, cluster_urls, unique_prefix, TEST_TIMEOUT};
+use redis_support::{cluster, cluster_urls, timeouts, unique_prefix, TEST_TIMEOUT};
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 async fn node(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)
         .expect("a valid node URL")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&timeouts())
         .await
         .unwrap_or_else(|err| panic!("cluster node {url} does not answer: {err}"))
 }

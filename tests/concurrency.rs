@@ -5,11 +5,12 @@
 mod common;
 
 use common::keys::{panics, DropsBadly};
+use common::sync::PATIENCE;
 use keyrate::{ConcurrencyDenial, ConcurrencyLimiter, ConfigError, Permit};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const THREADS: usize = 4;
 const KEYS: [&str; 3] = ["a", "b", "c"];
@@ -226,14 +227,21 @@ fn blocking_waiters_are_served_in_order() {
     for i in 0..3u64 {
         let (limiter2, order) = (Arc::clone(&limiter), Arc::clone(&order));
         waiters.push(thread::spawn(move || {
+            // A waiter never served fails (and so ends, for the join
+            // below) after PATIENCE, far beyond the honest wait.
             let permit = limiter2
-                .acquire_blocking("k", Duration::from_secs(3600))
-                .unwrap();
+                .acquire_blocking("k", PATIENCE)
+                .unwrap_or_else(|err| panic!("waiter {i} never served: {err:?}"));
             order.lock().unwrap().push(i);
             drop(permit);
         }));
         // Wait until this waiter is queued before starting the next.
+        let deadline = Instant::now() + PATIENCE;
         while limiter.stats().waiting != i + 1 {
+            assert!(
+                Instant::now() < deadline,
+                "waiter {i} not queued within {PATIENCE:?}"
+            );
             thread::yield_now();
         }
     }

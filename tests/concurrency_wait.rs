@@ -2,6 +2,9 @@
 //! cancellation. tokio's clock is paused: no wall-clock thresholds.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::sync::PATIENCE;
 use keyrate::{ConcurrencyDenial, ConcurrencyLimiter};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -9,9 +12,17 @@ use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(3600);
 
-/// Yields until `limiter` has `n` callers waiting.
+/// Yields until `limiter` has `n` callers waiting, failing the test after
+/// [`PATIENCE`] of real time (tokio's clock is paused, and does not move
+/// while tasks yield).
 async fn until_waiting(limiter: &ConcurrencyLimiter, n: u64) {
+    let deadline = std::time::Instant::now() + PATIENCE;
     while limiter.stats().waiting != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} callers waiting, not {n}, after {PATIENCE:?}",
+            limiter.stats().waiting
+        );
         tokio::task::yield_now().await;
     }
 }

@@ -5,10 +5,13 @@
 //! controls) and given back when it ends; a key at its limit is refused;
 //! a handler that takes the permit keeps it after the response.
 
+mod common;
+
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::Request as AxumRequest;
 use axum::routing::get;
 use axum::Router;
+use common::sync::{within, PATIENCE};
 use http::StatusCode;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -87,27 +90,35 @@ async fn get_with(
         request = request.header("authorization", format!("Bearer {key}"));
     }
     let request = request.body(Full::new(Bytes::new())).unwrap();
-    client.request(request).await.expect("the server answers")
+    within(&format!("GET {path}"), client.request(request))
+        .await
+        .expect("the server answers")
 }
 
 async fn text<B>(response: http::Response<B>) -> String
 where
     B: HttpBody<Data = Bytes, Error: std::fmt::Debug>,
 {
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = within("the response body", response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
     String::from_utf8(body.to_vec()).unwrap()
 }
 
-/// Waits until `done()` holds, yielding to the server between tries: a
-/// bounded number of tries, no deadline on the clock.
+/// Waits until `done()` holds, yielding to the server between tries:
+/// true once it does, false if it still does not after [`PATIENCE`]. A
+/// deadline far beyond an honest wait, not a count of tries, so that a
+/// busy machine is only slower.
 async fn eventually(mut done: impl FnMut() -> bool) -> bool {
-    for _ in 0..1000 {
-        if done() {
-            return true;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    done()
+    true
 }
 
 /// Waits until the server has made `n` streams.
@@ -153,13 +164,20 @@ async fn a_streamed_body_holds_its_permit_until_it_ends() {
     let tx = handlers.streams.lock().unwrap().remove(0);
     tx.send(Bytes::from_static(b"audio")).await.unwrap();
     let mut first = first.into_body();
-    let chunk = first.frame().await.unwrap().unwrap().into_data().unwrap();
+    let chunk = within("the first stream's chunk", first.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
     assert_eq!(chunk, "audio");
     assert_eq!(limiter.held("k"), 2);
 
     // It ends: the client reads the end, and the permit is back.
     drop(tx);
-    assert!(first.frame().await.is_none());
+    assert!(within("the first stream's end", first.frame())
+        .await
+        .is_none());
     assert!(eventually(|| limiter.held("k") == 1).await);
     let fourth = get_with(&client, addr, "/stream", Some("k")).await;
     assert_eq!(fourth.status(), StatusCode::OK);
@@ -277,6 +295,7 @@ async fn with_a_max_wait_a_request_waits_for_a_stream_to_end() {
     // The first stream ends: the waiter gets its permit.
     handlers.streams.lock().unwrap().clear();
     assert_eq!(text(first).await, "");
+    // The waiter's request has its own deadline (`get_with`).
     let second = waiting.await.unwrap();
     assert_eq!(second.status(), StatusCode::OK);
     streams_started(&handlers, 1).await;

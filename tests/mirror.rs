@@ -15,7 +15,7 @@ use common::EPOCH_UNIX;
 use keyrate::{AsyncLimiter, Decision, Denial, Now, Quota, RedisDenial, RedisLimiter, Refusal};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use redis_support::{unique_prefix, url, TEST_TIMEOUT};
+use redis_support::{raw, unique_prefix, url, TEST_TIMEOUT};
 use std::time::{Duration, Instant};
 
 /// Redis's answer to a check: the tokens left, or the denial; a Redis
@@ -64,15 +64,26 @@ fn ops(capacity: u64) -> impl Strategy<Value = Vec<Op>> {
 
 /// Each op runs on limiter `i` of the mirrored set and of the mirror-off
 /// set (two prefixes, so two copies of every bucket on one Redis), and in
-/// the independent model of the rate `num / den`.
+/// the independent model of the rate `num / den`. Returns how many calls
+/// the mirrors denied locally, without a round trip.
 async fn differential(
     url: &str,
     (num, den, capacity): (u64, u64, u64),
     ops: Vec<Op>,
     mirror_capacity: usize,
-) -> Result<(), TestCaseError> {
+) -> Result<u64, TestCaseError> {
     let quota = Quota::new(num as f64 / den as f64, capacity).unwrap();
-    let mirrored = limiters(url, quota, &unique_prefix("mirror_on"), 3, mirror_capacity).await;
+    // Bounds that deny for an hour, far beyond a case: whether a call is
+    // denied locally or goes to Redis follows from the ops alone, not from
+    // how fast this machine runs them (the default second could lapse
+    // between two calls on a busy one, sending them to Redis instead).
+    // Nothing here resets a key, so every bound stays a lower bound.
+    let mirrored: Vec<RedisLimiter> =
+        limiters(url, quota, &unique_prefix("mirror_on"), 3, mirror_capacity)
+            .await
+            .into_iter()
+            .map(|limiter| limiter.with_mirror_refresh(Duration::from_secs(3600)))
+            .collect();
     let plain = limiters(url, quota, &unique_prefix("mirror_off"), 3, 0).await;
     let mut model = Model::rounded(num, den, capacity);
     let interval = model.spend_ns(1);
@@ -117,7 +128,7 @@ async fn differential(
             ),
         }
     }
-    Ok(())
+    Ok(mirrored.iter().map(|l| l.stats().mirror_denials).sum())
 }
 
 fn run_differential(mirror_capacity: usize) {
@@ -137,12 +148,24 @@ fn run_differential(mirror_capacity: usize) {
         let quota = quotas[q];
         (Just(quota), ops(quota.2))
     });
+    // Calls the mirrors denied locally, over every case run.
+    let local = std::cell::Cell::new(0u64);
     let result = runner.run(&strategy, |(quota, ops)| {
-        runtime.block_on(differential(&url, quota, ops, mirror_capacity))
+        let denied = runtime.block_on(differential(&url, quota, ops, mirror_capacity))?;
+        local.set(local.get() + denied);
+        Ok(())
     });
     if let Err(err) = result {
         panic!("{err}");
     }
+    // The agreement above says nothing of the mirror if it never denied:
+    // its path must have decided calls. (Thousands of calls on 3 keys,
+    // capacities of 1 to 5: a case with repeated denials is the rule.)
+    eprintln!("the mirrors denied {} calls locally", local.get());
+    assert!(
+        local.get() > 0,
+        "the mirrors denied no call locally: only Redis decided"
+    );
 }
 
 #[test]
@@ -184,11 +207,7 @@ async fn with_redis_clock_the_mirror_only_denies_what_redis_denies() {
     let fast = Quota::new(rate, 5).unwrap();
     let prefix = unique_prefix("mirror_now_fast");
     let mirrored = limiters(&url, fast, &prefix, 1, 1024).await.remove(0);
-    let mut conn = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = raw(&url).await;
     let start = redis_time(&mut conn).await;
     let mut tasks = Vec::new();
     for _ in 0..2 {

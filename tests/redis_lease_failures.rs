@@ -19,13 +19,19 @@ use std::time::Duration;
 
 /// Not a test of its own: the child process of
 /// `a_killed_process_loses_its_leases_after_the_lease_time_and_not_before`
-/// (this binary, run again with `KEYRATE_LEASE_CHILD` set). It takes the
-/// permits, says so on stdout, and holds them until it is killed.
+/// (this binary, run again with `--ignored --exact` and
+/// `KEYRATE_LEASE_CHILD` set). It takes the permits, says so on stdout,
+/// and holds them until it is killed, or until its stdin closes (the
+/// parent is gone: it must not outlive it). Ignored, so that a run of the
+/// suite lists it as such rather than as a test that passed.
 #[tokio::test]
+#[ignore = "run by a_killed_process_loses_its_leases_after_the_lease_time_and_not_before, in a child process"]
 async fn lease_child_process() {
-    let Ok(spec) = std::env::var("KEYRATE_LEASE_CHILD") else {
-        return;
-    };
+    let spec = std::env::var("KEYRATE_LEASE_CHILD").expect(
+        "not a test: the child process of \
+         a_killed_process_loses_its_leases_after_the_lease_time_and_not_before, \
+         which sets KEYRATE_LEASE_CHILD",
+    );
     let mut parts = spec.split('\n');
     let (namespace, n) = (parts.next().unwrap(), parts.next().unwrap());
     let n: u32 = n.parse().unwrap();
@@ -40,7 +46,23 @@ async fn lease_child_process() {
         );
     }
     println!("KEYRATE-CHILD-HELD");
-    std::future::pending::<()>().await;
+    // Until killed, or until the parent's end of stdin closes.
+    tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(permits);
+}
+
+/// The child process, killed and reaped however the test ends: a failed
+/// assertion before the test's own kill must not leave it running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[tokio::test]
@@ -52,21 +74,25 @@ async fn a_killed_process_loses_its_leases_after_the_lease_time_and_not_before()
     let set = parent.lease_key("victim");
     let mut conn = raw(&url).await;
 
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "lease_child_process",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("KEYRATE_LEASE_CHILD", format!("{namespace}\n{N}"))
-        .env("KEYRATE_REDIS_URL", &url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("re-run this test binary as the child");
-    let stdout = child.stdout.take().unwrap();
+    let mut child = KillOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "lease_child_process",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("KEYRATE_LEASE_CHILD", format!("{namespace}\n{N}"))
+            .env("KEYRATE_REDIS_URL", &url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("re-run this test binary as the child"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
     let (said, heard) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -77,7 +103,6 @@ async fn a_killed_process_loses_its_leases_after_the_lease_time_and_not_before()
         }
     });
     if heard.recv_timeout(Duration::from_secs(120)).is_err() {
-        let _ = child.kill();
         panic!("the child never said it held its permits");
     }
 
@@ -95,8 +120,8 @@ async fn a_killed_process_loses_its_leases_after_the_lease_time_and_not_before()
     })
     .await;
 
-    child.kill().expect("kill -9 the child");
-    child.wait().unwrap();
+    child.0.kill().expect("kill -9 the child");
+    child.0.wait().unwrap();
     let (now, scores) = snapshot(&mut conn, &set).await;
     assert_eq!(
         scores.len(),

@@ -6,6 +6,9 @@
 //! spends and retirement in every interleaving.
 #![cfg(not(loom))]
 
+mod common;
+
+use common::sync::SetOnDrop;
 use keyrate::{Limiter, Quota, TokenBucketLimiter};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -95,6 +98,10 @@ fn resets_racing_spends_never_corrupt_a_bucket() {
     let cold_resets = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
+        // Stops the spenders however the resetter's part ends: a failed
+        // assertion or `until` deadline unwinds through here, and without
+        // the flag the three loops would spin on and the scope never end.
+        let _stop = SetOnDrop(&stop);
         // By key, cost 1: takes the last token of every epoch. The key is
         // hot in this thread, so it soon spends through its cache.
         scope.spawn(|| {
@@ -151,7 +158,6 @@ fn resets_racing_spends_never_corrupt_a_bucket() {
         until("the last burst spent", || {
             tokens.load(Relaxed) >= CAPACITY * (RESETS + 1)
         });
-        stop.store(true, Relaxed);
     });
     assert_eq!(tokens.load(Relaxed), CAPACITY * (RESETS + 1));
     // Nothing after the last burst: the bucket is empty, and whole.

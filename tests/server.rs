@@ -141,7 +141,10 @@ async fn a_key_that_keeps_hammering_is_disconnected_with_1008() {
     assert_eq!(close.0, POLICY_VIOLATION);
     assert!(close.1.contains("retry_after"), "{}", close.1);
     // The server has closed its side: the stream ends.
-    assert!(matches!(socket.next().await, None | Some(Err(_))));
+    assert!(matches!(
+        within("the server's close", socket.next()).await,
+        None | Some(Err(_))
+    ));
 }
 
 #[tokio::test]

@@ -15,7 +15,9 @@ use serde_json::json;
 use server_support::streaming_app::auth::client_key;
 use server_support::streaming_app::App;
 use server_support::streaming_app::Limits;
-use server_support::{frame, keys, send, send_text, start, start_with, Reply, LIMITS};
+use server_support::{
+    frame, keys, send, send_text, start, start_with, within, Reply, LIMITS, PATIENCE,
+};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -159,23 +161,35 @@ async fn connections_are_capped() {
         stream.write_all(PARTIAL_HEAD).await.unwrap();
         held.push(stream);
     }
-    // Accepted in order: the two held connections have the slots.
-    let refused = answer(server.addr, WHOLE_REQUEST).await;
+    // Accepted in order: the two held connections have the slots. A
+    // server that left the third waiting (no longer accepting at the cap)
+    // instead of closing it fails here, rather than hanging the test.
+    let refused = within(
+        "a connection over the cap: neither answered nor closed",
+        answer(server.addr, WHOLE_REQUEST),
+    )
+    .await;
     assert!(refused.is_empty(), "{}", String::from_utf8_lossy(&refused));
 
     drop(held.pop());
-    // The server sees the close on its own time: a bounded number of
-    // attempts, each answered or closed.
-    let mut served = None;
-    for _ in 0..500 {
-        let answer = answer(server.addr, WHOLE_REQUEST).await;
+    // The server sees the close on its own time: attempts, each answered
+    // or closed, until a deadline far beyond an honest wait.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let served = loop {
+        let answer = within(
+            "a connection after a slot was freed: neither answered nor closed",
+            answer(server.addr, WHOLE_REQUEST),
+        )
+        .await;
         if !answer.is_empty() {
-            served = Some(answer);
-            break;
+            break answer;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a freed slot served no new connection within {PATIENCE:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let served = served.expect("a freed slot serves a new connection");
+    };
     assert!(
         served.starts_with(b"HTTP/1.1 401"),
         "{}",

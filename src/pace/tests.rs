@@ -2,9 +2,26 @@ use super::*;
 
 const SEC: u64 = 1_000_000_000;
 
+/// Counts new keys until a step is due; returns how many it counted. A
+/// pace that never makes a step due fails the test after a minute of real
+/// time (far beyond any honest count: the sampled counts are random),
+/// rather than spinning for ever.
+fn count_until_due(pace: &Pace) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut counted = 1;
+    while !pace.counted() {
+        counted += 1;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no step due after {counted} new keys, in a minute"
+        );
+    }
+    counted
+}
+
 /// Counts new keys until a step is due, takes it, and places it at `secs`.
 fn take_due_step(pace: &Pace, secs: u64) -> Step {
-    while !pace.counted() {}
+    count_until_due(pace);
     assert!(pace.take());
     pace.position(Nanos::new(secs * SEC))
 }
@@ -72,7 +89,7 @@ fn an_abandoned_step_moves_on_to_the_next_shard_within_the_pass() {
         pace.stepped(Err(5));
     }
     // The second pass's first step, in the middle of shard 0, unwinds.
-    while !pace.counted() {}
+    count_until_due(&pace);
     assert!(pace.take());
     assert!(!pace.due(), "the step took the count");
     let step = pace.position(Nanos::new(3 * SEC));
@@ -136,6 +153,8 @@ fn steps_owed_are_taken_one_after_another() {
             layout: 1,
         }));
         steps += 1;
+        // A pace that stays due would loop here for ever.
+        assert!(steps <= 30, "more than 30 steps due");
     }
     assert_eq!(steps, 30);
 }
@@ -219,10 +238,7 @@ fn a_pass_in_a_grown_map_keeps_to_its_length() {
     // The map grew: each shard now takes four slices.
     let mut new_keys = 0;
     for step in 1..=16 {
-        new_keys += 1;
-        while !pace.counted() {
-            new_keys += 1;
-        }
+        new_keys += count_until_due(&pace);
         assert!(pace.take());
         let at = pace.position(Nanos::new(10 * SEC)).at;
         pace.stepped(if step % 4 == 0 {

@@ -7,7 +7,9 @@
 //! spinning until a flag that a failed thread was to set. Here a barrier
 //! breaks, waking every waiter with a panic, as soon as a party fails
 //! ([`Barrier::guard`]), or when a party is missing for [`PATIENCE`]; and
-//! [`SetOnDrop`] sets a stop flag however its scope ends.
+//! [`SetOnDrop`] sets a stop flag however its scope ends. The same goes
+//! for a task awaiting a peer over a socket: [`within`] fails it after
+//! [`PATIENCE`] instead of letting it wait for an answer that never comes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -159,5 +161,16 @@ pub fn returns<R: Send + 'static>(calls: impl FnOnce() -> R + Send + 'static) ->
             Err(panic) => std::panic::resume_unwind(panic),
             Ok(_) => unreachable!("the calls' thread ended without an answer or a panic"),
         },
+    }
+}
+
+/// Awaits `future` for at most [`PATIENCE`] (on tokio's clock): a server
+/// or client that never answers, or never closes, fails the test with
+/// `what` instead of hanging it. Not under tokio's paused clock, which
+/// jumps to the deadline whenever every task waits on a socket.
+pub async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(done) => done,
+        Err(_) => panic!("{what}: nothing within {PATIENCE:?}"),
     }
 }

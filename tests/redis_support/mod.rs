@@ -57,13 +57,24 @@ pub async fn limiter(test: &str, quota: Quota) -> RedisLimiter {
         .with_timeout(TEST_TIMEOUT)
 }
 
-/// A plain connection to the test server, for inspecting keys.
+/// A plain connection to the test server, for inspecting keys. Its
+/// connection and every command on it time out after [`TEST_TIMEOUT`]
+/// (an error, which the callers' `expect`s turn into a failure): a server
+/// that stops answering fails the test instead of hanging it.
 pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .expect("a valid KEYRATE_REDIS_URL")
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&timeouts())
         .await
         .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
+}
+
+/// [`TEST_TIMEOUT`] for a connection's setup and for each command's
+/// answer.
+pub fn timeouts() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(TEST_TIMEOUT)
+        .set_response_timeout(TEST_TIMEOUT)
 }
 
 /// The keys under `prefix`.

@@ -11,6 +11,10 @@
 #[path = "../../examples/support/streaming_app.rs"]
 pub mod streaming_app;
 
+#[path = "../common/sync.rs"]
+mod sync;
+pub use sync::{within, PATIENCE};
+
 use axum::body::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};
@@ -127,7 +131,10 @@ where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = within("the response body", response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
     serde_json::from_slice(&body).unwrap()
 }
 
@@ -148,35 +155,45 @@ impl Server {
             .header("authorization", format!("Bearer {METRICS_TOKEN}"))
             .body(Full::new(Bytes::new()))
             .unwrap();
-        let response = client().request(request).await.unwrap();
+        let response = within("GET /metrics", client().request(request))
+            .await
+            .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(
             header(&response, "content-type"),
             keyrate::prometheus::CONTENT_TYPE
         );
-        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body = within("the /metrics body", response.into_body().collect())
+            .await
+            .unwrap()
+            .to_bytes();
         String::from_utf8(body.to_vec()).unwrap()
     }
 
     /// Polls `/metrics` until the server holds `n` streams (it gives a
-    /// permit back when it sees the socket close): true once it does,
-    /// false if it still does not after a bounded number of tries.
+    /// permit back when it sees the socket close, on its own time): true
+    /// once it does, false if it still does not after [`PATIENCE`]. A
+    /// deadline, not a count of tries, so that a busy machine is only
+    /// slower.
     pub async fn streams_in_flight(&self, n: u64) -> bool {
-        for _ in 0..500 {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
             let text = self.metrics().await;
             if sample(&text, STREAMS_IN_FLIGHT) == Some(n as f64) {
                 return true;
             }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        false
     }
 
     pub async fn connect(&self, key: &str) -> Result<(Socket, Response<Option<Vec<u8>>>), WsError> {
         let mut request = format!("ws://{}/v1/stream", self.addr).into_client_request()?;
         let value = format!("Bearer {key}").parse().unwrap();
         request.headers_mut().insert("authorization", value);
-        connect_async(request).await
+        within("the WebSocket upgrade", connect_async(request)).await
     }
 
     /// `POST /v1/tts` with `X-API-Key: key` and a `Content-Length` body.
@@ -189,16 +206,26 @@ impl Server {
             .header("x-api-key", key)
             .body(Full::new(Bytes::from(text.to_owned())))
             .unwrap();
-        client().request(request).await.unwrap()
+        within("POST /v1/tts", client().request(request))
+            .await
+            .unwrap()
     }
 
     /// Sends `request` as is on a new TCP connection (it should say
     /// `Connection: close`) and returns the status and the head's lines.
     pub async fn raw(&self, request: &[u8]) -> (u16, String) {
-        let mut tcp = TcpStream::connect(self.addr).await.unwrap();
-        tcp.write_all(request).await.unwrap();
+        let mut tcp = within("a TCP connection", TcpStream::connect(self.addr))
+            .await
+            .unwrap();
+        within("the request's write", tcp.write_all(request))
+            .await
+            .unwrap();
         let mut answer = Vec::new();
-        tcp.read_to_end(&mut answer).await.unwrap();
+        // The server must answer and close: the request says
+        // `Connection: close`.
+        within("the answer and the close", tcp.read_to_end(&mut answer))
+            .await
+            .unwrap();
         let answer = String::from_utf8_lossy(&answer).into_owned();
         let head = answer
             .split("\r\n\r\n")
@@ -226,9 +253,12 @@ pub async fn send(socket: &mut Socket, request: Value) -> Reply {
 }
 
 pub async fn send_text(socket: &mut Socket, text: String) -> Reply {
-    let sent = socket.send(Message::text(text)).await;
+    let sent = within("the frame's send", socket.send(Message::text(text))).await;
     loop {
-        match socket.next().await.expect("an answer") {
+        match within("an answer to the frame", socket.next())
+            .await
+            .expect("an answer")
+        {
             Ok(Message::Text(text)) => return Reply::Frame(serde_json::from_str(&text).unwrap()),
             Ok(Message::Close(Some(frame))) => {
                 return Reply::Closed(frame.code.into(), frame.reason.to_string())
@@ -257,7 +287,9 @@ pub fn header<'a, B>(response: &'a http::Response<B>, name: &str) -> &'a str {
 }
 
 /// Runs `promtool check metrics` on `text`, if promtool is installed (in
-/// CI it must be).
+/// CI it must be). Without it the scrape is not linted; libtest hides the
+/// message below, so `scripts/test.sh` says so at the end of its run, as
+/// it does for skipped Redis tests.
 pub fn promtool_check(text: &str) {
     use std::io::Write;
     use std::process::{Command, Stdio};

@@ -2,9 +2,35 @@
 //! slices.
 
 use super::Table;
+use std::time::{Duration, Instant};
 
 fn hash(x: &u64) -> u64 {
     x.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// A minute of real time for a loop that waits for the table to reach a
+/// state (far beyond any honest run): a table that never gets there fails
+/// the test, naming what it waited for, instead of spinning it for ever.
+struct Deadline {
+    what: &'static str,
+    at: Instant,
+}
+
+impl Deadline {
+    fn new(what: &'static str) -> Self {
+        Deadline {
+            what,
+            at: Instant::now() + Duration::from_secs(60),
+        }
+    }
+
+    fn check(&self) {
+        assert!(
+            Instant::now() < self.at,
+            "never: {}, in a minute",
+            self.what
+        );
+    }
 }
 
 #[test]
@@ -78,7 +104,9 @@ fn the_growth_schedule_step_by_step() {
         x += 1;
     };
     // Small tables: a layout change exactly when a full one grows.
+    let deadline = Deadline::new("a set-aside table");
     while table.old.allocation_size() == 0 {
+        deadline.check();
         let (layout, len) = (table.layout(), table.main.len());
         let full = len == table.main.capacity();
         insert(&mut table);
@@ -125,7 +153,9 @@ fn the_growth_schedule_step_by_step() {
 fn find_mut_finds_keys_in_either_table_while_old_is_emptied() {
     let mut table = Table::default();
     let mut x = 0u64;
+    let deadline = Deadline::new("a set-aside table");
     while table.old.is_empty() {
+        deadline.check();
         table.insert(hash(&x), x, hash);
         x += 1;
     }
@@ -149,7 +179,9 @@ fn a_thinned_out_old_table_is_emptied_a_slice_per_write() {
     let mut table = Table::default();
     let mut x = 0u64;
     // Until a set-aside table of a few slices.
+    let deadline = Deadline::new("a set-aside table of four slices");
     while table.old.allocation_size() == 0 || table.old.num_buckets() < 4 * slice {
+        deadline.check();
         table.insert(hash(&x), x, hash);
         x += 1;
     }
@@ -164,7 +196,9 @@ fn a_thinned_out_old_table_is_emptied_a_slice_per_write() {
     table.retain_range(0..last, |_| false);
     assert_eq!(table.old.len(), 1);
     let mut writes = 0;
+    let deadline = Deadline::new("the set-aside table's memory freed");
     while table.old.allocation_size() > 0 {
+        deadline.check();
         let before = table.old_next;
         table.insert(hash(&x), x, hash);
         x += 1;
@@ -188,7 +222,9 @@ fn a_thinned_out_old_table_is_emptied_a_slice_per_write() {
 fn a_swept_empty_old_table_is_freed() {
     let mut table = Table::default();
     let mut x = 0u64;
+    let deadline = Deadline::new("a set-aside table");
     while table.old.allocation_size() == 0 {
+        deadline.check();
         table.insert(hash(&x), x, hash);
         x += 1;
     }
@@ -276,7 +312,9 @@ fn a_hash_that_panics_during_a_move_loses_no_entry() {
     // The next write moves them, as it would have.
     table.step(hash);
     assert_eq!(table.old.len(), old_before - super::UPDATE_STEP);
+    let deadline = Deadline::new("the set-aside table's memory freed");
     while table.old.allocation_size() > 0 {
+        deadline.check();
         table.step(hash);
     }
     assert_eq!(table.len(), held);
@@ -303,7 +341,9 @@ fn a_table_thinned_out_by_the_sweep_shrinks_a_step_at_a_time() {
     for x in 0..100_000u64 {
         table.insert(hash(&x), x, hash);
     }
+    let deadline = Deadline::new("the set-aside table emptied");
     while !table.old.is_empty() {
+        deadline.check();
         table.step(hash);
     }
     let peak = table.main.allocation_size();
@@ -321,7 +361,9 @@ fn a_table_thinned_out_by_the_sweep_shrinks_a_step_at_a_time() {
     );
     let (old_buckets, layout) = (table.old.num_buckets(), table.layout());
     let mut next = 100_000u64;
+    let deadline = Deadline::new("the set-aside table emptied");
     while !table.old.is_empty() {
+        deadline.check();
         let before = table.old.len();
         table.insert(hash(&next), next, hash);
         assert!(before - table.old.len() <= STEP);
