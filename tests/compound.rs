@@ -859,3 +859,45 @@ fn an_automatic_step_that_unwinds_lets_the_sweep_go_on() {
     assert_eq!(panicked, 1, "the first key's drop panicked once");
     assert!(limiter.len() <= 4 * 64 * 16, "{} keys held", limiter.len());
 }
+
+/// A sweep stamped later than a call on the key it removes gives that key
+/// no tokens back (as the in-memory limiter's, `tests/eviction.rs`): the
+/// key starts from the latest word a sweep removed, never fuller than
+/// its removed cell. By hand, then by the automatic sweep that new keys
+/// at 1,000 s drive.
+#[test]
+fn a_sweep_stamped_later_gives_a_removed_key_no_tokens() {
+    let quotas = [
+        keyrate::Quota::new(1.0, 10).unwrap(),
+        keyrate::Quota::new(0.5, 20).unwrap(),
+    ];
+    let policy = Policy::new(quotas).unwrap();
+    // Spending 10 at 0 s leaves the first quota full from 10 s, the
+    // second from 20 s: at 0.5 s the first holds half a token.
+    let by_hand = CompoundLimiter::new();
+    let _ = by_hand.check("victim", &policy, 0.0, 10).unwrap();
+    assert_eq!(by_hand.sweep(1000.0), 1);
+    assert!(by_hand.is_empty());
+    assert!(by_hand.check("victim", &policy, 0.5, 1).is_err());
+    // No fuller than the removed cell at any instant (its first quota
+    // held 3 tokens at 3 s; the key restarts from 20 s, the latest word
+    // removed, so it may hold fewer), and full from 20 s.
+    assert!(by_hand.remaining("victim", &policy, 3.0).unwrap() <= 3);
+    assert_eq!(by_hand.remaining("victim", &policy, 20.0), Ok(10));
+
+    let automatic = CompoundLimiter::new();
+    let _ = automatic.check("victim", &policy, 0.0, 10).unwrap();
+    // The other keys are spent at 1,000 s and never full then: the map
+    // holds them all, and "victim" until a sweep removes it.
+    let mut others = 0;
+    while automatic.len() > others {
+        let key = format!("other {others}");
+        let _ = automatic.check(&key, &policy, 1000.0, 1).unwrap();
+        others += 1;
+        assert!(others < 1 << 20, "no sweep removed anything");
+    }
+    let admitted = (0..20)
+        .filter(|_| automatic.check("victim", &policy, 0.5, 1).is_ok())
+        .count();
+    assert_eq!(admitted, 0, "a removed key spent tokens it did not hold");
+}

@@ -3,11 +3,12 @@
 use super::decide;
 use super::hot::HotCells;
 use super::outcome::{CompoundDecision, CompoundDenial};
+#[cfg(loom)]
 use super::policy::MAX_QUOTAS;
 use super::stats::{CompoundCounters, CompoundStats};
 use super::store::Store;
 use crate::keyed::DefaultHasher;
-use crate::time::{At, Clock, Nanos};
+use crate::time::{At, Clock};
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
@@ -247,13 +248,19 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
             .into()
             .nanos(&*self.clock)
             .ok_or(CompoundDenial::InvalidTimestamp)?;
-        let words = self.store.words(key).unwrap_or([Nanos::ZERO; MAX_QUOTAS]);
+        let words = self
+            .store
+            .words(key)
+            .unwrap_or_else(|| self.store.absent_words());
         Ok(decide::least_remaining(&words, policy, now))
     }
 
     /// Removes the buckets that are full at `at` and that no call holds;
     /// returns how many it removed (none for a bad instant). A removed
-    /// key behaves exactly as before: a missing bucket is a full one.
+    /// key behaves as before at and after the instant its bucket was full
+    /// from: a key without a bucket starts full from the latest such
+    /// instant of the buckets removed, so a call stamped earlier finds it
+    /// no fuller than it was.
     ///
     /// # Examples
     ///

@@ -50,13 +50,14 @@
 //! Eviction, the automatic sweep and room at the cap: `evict`.
 
 use super::decide::{self, Words};
+use super::policy::MAX_QUOTAS;
 use crate::guard::Unwinding;
 use crate::store::Table;
 use crate::sync::{unmodeled, AtomicUsize, Lock, Ordering};
+#[cfg(loom)]
+use crate::time::Nanos;
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
-#[cfg(loom)]
-use {super::policy::MAX_QUOTAS, crate::time::Nanos};
 
 /// Shards of the map: a few per core is enough to keep the locks, held
 /// for one hash lookup, uncontended. One under loom: a small model.
@@ -174,6 +175,13 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
     /// its cell's, 0: full). Read under the shard's lock (and, for a
     /// shared cell, by a read of it or under its lock: the one lock
     /// order).
+    /// The words of a key without a bucket, each the sweep's
+    /// [`restart`](Pace::restart): read after a lookup under the key's
+    /// shard lock found it absent.
+    pub(crate) fn absent_words(&self) -> Words {
+        [self.pace.restart(); MAX_QUOTAS]
+    }
+
     pub(crate) fn words<Q>(&self, key: &Q) -> Option<Words>
     where
         K: Borrow<Q>,
@@ -217,7 +225,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         if self.auto_sweep {
             self.pace.ghosts.created(hash);
         }
-        let mut slot = Slot::new(len, share);
+        let mut slot = Slot::new(len, share, self.pace.restart());
         let result = f(slot.in_map(len, share));
         // The new slot is not in the map yet: a shared cell's read sees
         // what `f` wrote. Relaxed: a hint (see `Shard::full_from`),

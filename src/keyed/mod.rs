@@ -39,11 +39,14 @@ pub type DefaultHasher = foldhash::fast::RandomState;
 /// to whole nanoseconds. Use one timeline for every key (one clock, or Unix
 /// time): the automatic sweep (on by default) evicts idle buckets that are
 /// full at the timestamp of the call that triggers it (and at the start of
-/// the sweep's previous pass), so a key whose timestamps lag behind that
-/// call's (another timeline, or a call that arrives after a sweep stamped
-/// later than itself) can lose its deficit. With per-key timelines, turn
-/// the sweep off ([`with_auto_sweep`](Self::with_auto_sweep)) and
-/// [`sweep`](Self::sweep) yourself.
+/// the sweep's previous pass), and a key without a bucket starts full
+/// from the latest instant an evicted bucket was full from: a call
+/// stamped earlier than a sweep (another thread read the clock first) is
+/// then never given tokens its evicted bucket did not hold, but a key on
+/// a timeline far behind the others' would find its new bucket short of
+/// tokens. With per-key timelines, turn the sweep off
+/// ([`with_auto_sweep`](Self::with_auto_sweep)) and [`sweep`](Self::sweep)
+/// yourself.
 ///
 /// All methods take `&self`: share the limiter with an [`Arc`](std::sync::Arc)
 /// or a `static`.

@@ -213,6 +213,9 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let (ghosts, hasher) = (&self.pace.ghosts, &self.hasher);
         // The least `full_at` of the cells kept.
         let mut full_from = u64::MAX;
+        // The latest `full_at` of the cells removed, kept for their keys'
+        // return (see `Pace::restart`), under the shard's lock.
+        let mut recorded = self.pace.restart();
         // Counted as they go, and their places given back even if a key's
         // `Drop` or `Hash` panics halfway (the cells removed by then are
         // gone). Relaxed: as in `reserve`.
@@ -248,6 +251,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 // there (every later call on the key would find it dead).
                 let sampled = Ghosts::sampled(one_in).then(|| hasher.hash_one(key));
                 removed.add(true);
+                self.pace.removed(full_at, &mut recorded);
                 if let Some(locked) = &mut locked {
                     locked.retire();
                 }

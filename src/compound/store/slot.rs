@@ -87,13 +87,18 @@ impl InMap<'_> {
 }
 
 impl Slot {
-    /// A new key's bucket, full, as a call of `len` words that asks for
-    /// it shared (`share`) or not needs it (see [`in_map`](Self::in_map)).
-    pub(super) fn new(len: usize, share: bool) -> Slot {
+    /// A new key's bucket, every word `start` (full at and after it: the
+    /// sweep's `Pace::restart`), as a call of `len` words that asks for it
+    /// shared (`share`) or not needs it (see [`in_map`](Self::in_map)).
+    pub(super) fn new(len: usize, share: bool, start: Nanos) -> Slot {
         if fits_inline(len, share) {
-            Slot::Inline(InlineWords::FULL)
+            let mut words = InlineWords::FULL;
+            words.set([start; INLINE_WORDS]);
+            Slot::Inline(words)
         } else {
-            Slot::Shared(Box::new(Cell::new(len)))
+            let mut words = [Nanos::ZERO; MAX_QUOTAS];
+            words[..len.min(MAX_QUOTAS)].fill(start);
+            Slot::Shared(Box::new(Cell::with_words(len, words)))
         }
     }
 
