@@ -65,8 +65,10 @@ async fn scenario(
     let mut pool = Vec::new();
     for _ in 0..connections {
         let conn = manager(url).await?;
-        let mut limiter = RedisLimiter::with_connection(conn.clone(), quota)
-            .with_prefix(format!("keyrate-bench:{stamp}:"));
+        let mut limiter = RedisLimiter::with_connection(conn.clone(), quota).with_namespace(
+            format!("keyrate-bench:{stamp}:"),
+            keyrate::KeyNames::Encoded,
+        );
         if op == Op::CheckNoMirror {
             limiter = limiter.with_mirror_capacity(0);
         }

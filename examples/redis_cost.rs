@@ -150,7 +150,7 @@ async fn round(url: &str, case: Case, calls: usize, tag: &str) -> Result<f64, Er
     };
     let mut limiter = RedisLimiter::connect(url, quota)
         .await?
-        .with_prefix(format!("keyrate-cost:{tag}:"))
+        .with_namespace(format!("keyrate-cost:{tag}:"), keyrate::KeyNames::Encoded)
         .with_hash_tag(is_compound);
     if !mirror {
         limiter = limiter.with_mirror_capacity(0);

@@ -48,9 +48,10 @@ async fn run(
 ) -> Result<(), Error> {
     let quota = Quota::new(rate, 10)?;
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
-    let mut limiter = RedisLimiter::connect(url, quota)
-        .await?
-        .with_prefix(format!("keyrate-hammer:{stamp}:"));
+    let mut limiter = RedisLimiter::connect(url, quota).await?.with_namespace(
+        format!("keyrate-hammer:{stamp}:"),
+        keyrate::KeyNames::Encoded,
+    );
     if !mirror {
         limiter = limiter.with_mirror_capacity(0);
     }

@@ -105,7 +105,10 @@ fn blocking_redis(quota: Quota) -> Fixture<BlockingRedisLimiter, usize> {
     };
     let limiter = BlockingRedisLimiter::connect_blocking(&url, quota)
         .unwrap_or_else(|err| no_redis(&err))
-        .with_prefix(redis_support::unique_prefix("blocking"))
+        .with_namespace(
+            redis_support::unique_prefix("blocking"),
+            keyrate::KeyNames::Encoded,
+        )
         .with_min_ttl(Duration::from_secs(3600))
         .with_timeout(redis_support::TEST_TIMEOUT);
     let raw = redis::Client::open(url.as_str())
@@ -165,7 +168,10 @@ fn cluster(
         let urls = redis_support::cluster_urls();
         let raw = redis_support::cluster(&urls).await;
         let limiter = RedisLimiter::with_connection(raw.clone(), quota)
-            .with_prefix(redis_support::unique_prefix("cluster"))
+            .with_namespace(
+                redis_support::unique_prefix("cluster"),
+                keyrate::KeyNames::Encoded,
+            )
             .with_min_ttl(Duration::from_secs(3600))
             .with_timeout(redis_support::TEST_TIMEOUT);
         Fixture::new(limiter, move |l: &RedisLimiter<_>| -> BoxFuture<usize> {

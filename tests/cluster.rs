@@ -204,7 +204,7 @@ async fn buckets_spread_over_slots_and_nodes() {
     let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     let prefix = unique_prefix("cluster_slots");
     let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 3).unwrap())
-        .with_prefix(prefix.clone())
+        .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded)
         .with_timeout(TEST_TIMEOUT);
     let mut any = node(&urls[0]).await;
     let mut slots = HashSet::new();
@@ -306,7 +306,7 @@ async fn failover(urls: &[String], hang: bool) {
     // Calls during the failover fail fast (500 ms); the call that must be
     // decided afterwards is patient.
     let patient = RedisLimiter::with_connection(cluster(urls).await, quota)
-        .with_prefix(prefix.clone())
+        .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded)
         .with_timeout(TEST_TIMEOUT)
         .with_min_ttl(Duration::from_secs(60));
     let closed = patient.clone().with_timeout(Duration::from_millis(500));
@@ -465,11 +465,14 @@ async fn only_the_namespace_picks_a_slot() {
     let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     let quota = Quota::new(1.0, 3).unwrap();
     let spread = RedisLimiter::with_connection(cluster(&urls).await, quota)
-        .with_prefix(unique_prefix("cluster_tags"))
+        .with_namespace(unique_prefix("cluster_tags"), keyrate::KeyNames::Encoded)
         .with_timeout(TEST_TIMEOUT);
     let one_slot = spread
         .clone()
-        .with_prefix(unique_prefix("cluster_one_slot"))
+        .with_namespace(
+            unique_prefix("cluster_one_slot"),
+            keyrate::KeyNames::Encoded,
+        )
         .with_hash_tag(true);
     let mut any = node(&urls[0]).await;
     assert!(
@@ -510,12 +513,13 @@ async fn reset_all_cluster_reaches_every_master() {
     let urls = cluster_urls();
     let _cluster = tokio::task::block_in_place(|| take_cluster(&urls));
     let limiter = RedisLimiter::with_connection(cluster(&urls).await, Quota::new(1.0, 1).unwrap())
-        .with_prefix(unique_prefix("cluster_reset"))
+        .with_namespace(unique_prefix("cluster_reset"), keyrate::KeyNames::Encoded)
         .with_min_ttl(Duration::from_secs(3600))
         .with_timeout(TEST_TIMEOUT);
-    let other = limiter
-        .clone()
-        .with_prefix(unique_prefix("cluster_reset_other"));
+    let other = limiter.clone().with_namespace(
+        unique_prefix("cluster_reset_other"),
+        keyrate::KeyNames::Encoded,
+    );
     for i in 0..64 {
         assert!(limiter.allow(&format!("k{i}"), 0.0).await);
     }

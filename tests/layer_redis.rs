@@ -24,7 +24,7 @@ async fn server(url: &str, prefix: &str, quota: Quota) -> SocketAddr {
     let limiter = RedisLimiter::connect(url, quota)
         .await
         .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
-        .with_prefix(prefix)
+        .with_namespace(prefix, keyrate::KeyNames::Encoded)
         .with_timeout(redis_support::TEST_TIMEOUT);
     let layer = RateLimitLayer::new(Arc::new(limiter), bearer_token);
     let router = Router::new()
@@ -87,7 +87,7 @@ async fn two_servers_on_one_redis_share_a_keys_budget() {
     let limiter = RedisLimiter::connect(&url, quota)
         .await
         .unwrap()
-        .with_prefix(prefix.as_str());
+        .with_namespace(prefix.as_str(), keyrate::KeyNames::Encoded);
     assert_eq!(
         AsyncLimiter::remaining(&limiter, "shared", keyrate::Now)
             .await

@@ -43,7 +43,7 @@ async fn limiters(
         let limiter = RedisLimiter::connect(url, quota)
             .await
             .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
-            .with_prefix(prefix)
+            .with_namespace(prefix, keyrate::KeyNames::Encoded)
             .with_min_ttl(Duration::from_secs(3600))
             .with_timeout(TEST_TIMEOUT)
             .with_mirror_capacity(capacity);

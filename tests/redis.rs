@@ -485,7 +485,7 @@ async fn pool(test: &str, quota: Quota, n: usize) -> Vec<RedisLimiter> {
         let l = RedisLimiter::connect(&url, quota)
             .await
             .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"))
-            .with_prefix(prefix.clone())
+            .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded)
             .with_min_ttl(Duration::from_secs(3600))
             .with_timeout(TEST_TIMEOUT);
         limiters.push(l);
@@ -542,7 +542,7 @@ fn blocking_threads_admit_exactly_capacity() {
                     // Each thread its own limiter, so its own connection.
                     let l = BlockingRedisLimiter::connect_blocking(url, quota(1.0, CAPACITY))
                         .unwrap()
-                        .with_prefix(prefix.clone())
+                        .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded)
                         .with_min_ttl(Duration::from_secs(3600))
                         .with_timeout(TEST_TIMEOUT);
                     (0..50)

@@ -33,7 +33,9 @@ fn async_matches_the_model() {
     runner()
         .run(&cases(), |(policies, calls)| {
             case.set(case.get() + 1);
-            let limiter = base.clone().with_prefix(unique_prefix("compound_model"));
+            let limiter = base
+                .clone()
+                .with_namespace(unique_prefix("compound_model"), keyrate::KeyNames::Encoded);
             runtime.block_on(async {
                 if case.get() % 2 == 0 {
                     run_against_model(&limiter.placed("org"), "", &policies, &calls).await
@@ -68,7 +70,7 @@ async fn bad_input_spends_nothing() {
     let prefix = unique_prefix("compound_bad");
     let limiter = limiter("compound_bad", Quota::new(1.0, 1).unwrap())
         .await
-        .with_prefix(prefix.clone());
+        .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded);
     let q = quota(SEC, 3);
     assert_eq!(Policy::new([]), Err(ConfigError::EmptyPolicy));
     assert_eq!(
@@ -258,7 +260,10 @@ mod cluster {
         runner()
             .run(&cases(), |(policies, calls)| {
                 case.set(case.get() + 1);
-                let limiter = base.clone().with_prefix(unique_prefix("cluster_compound"));
+                let limiter = base.clone().with_namespace(
+                    unique_prefix("cluster_compound"),
+                    keyrate::KeyNames::Encoded,
+                );
                 let anchor = format!("org{}", case.get());
                 runtime.block_on(run_against_model(
                     &limiter.placed(&anchor),
@@ -268,9 +273,10 @@ mod cluster {
                 ))
             })
             .unwrap();
-        let limiter = base
-            .clone()
-            .with_prefix(unique_prefix("cluster_compound_cross"));
+        let limiter = base.clone().with_namespace(
+            unique_prefix("cluster_compound_cross"),
+            keyrate::KeyNames::Encoded,
+        );
         let p = Policy::from(quota(SEC, 1));
         let at = Duration::from_nanos(T0);
         let three = [("a", &p), ("b", &p), ("c", &p)];
@@ -299,7 +305,7 @@ async fn reset_all_reaches_placed_buckets() {
     let prefix = unique_prefix("compound_reset");
     let limiter = limiter("compound_reset", Quota::new(1.0, 1).unwrap())
         .await
-        .with_prefix(prefix.clone());
+        .with_namespace(prefix.clone(), keyrate::KeyNames::Encoded);
     let policy = Policy::new([quota(SEC, 2), quota(60 * SEC, 3)]).unwrap();
     let at = Duration::from_nanos(T0);
     let placed = limiter.placed("org");

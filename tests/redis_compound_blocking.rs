@@ -59,7 +59,7 @@ fn blocking_answers_as_in_memory() {
 }
 
 /// The blocking limiter with its own namespace: a helper for the test
-/// above, since `with_prefix` consumes the limiter and the blocking
+/// above, since `with_namespace` consumes the limiter and the blocking
 /// connection is not `Clone`.
 trait ClonePrefixed {
     fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter;
@@ -69,7 +69,7 @@ impl ClonePrefixed for BlockingRedisLimiter {
     fn clone_with_prefix(&self, prefix: String) -> BlockingRedisLimiter {
         BlockingRedisLimiter::connect_blocking(&redis_support::url(), self.quota())
             .unwrap()
-            .with_prefix(prefix)
+            .with_namespace(prefix, keyrate::KeyNames::Encoded)
             .with_min_ttl(Duration::from_secs(3600))
             .with_timeout(TEST_TIMEOUT)
     }
@@ -81,7 +81,10 @@ fn blocking_placed_reset() {
     let limiter =
         BlockingRedisLimiter::connect_blocking(&redis_support::url(), Quota::new(1.0, 1).unwrap())
             .unwrap()
-            .with_prefix(unique_prefix("compound_blocking_reset"))
+            .with_namespace(
+                unique_prefix("compound_blocking_reset"),
+                keyrate::KeyNames::Encoded,
+            )
             .with_min_ttl(Duration::from_secs(3600))
             .with_timeout(TEST_TIMEOUT);
     let policy = Policy::new([quota(SEC, 2), quota(SEC, 4)]).unwrap();

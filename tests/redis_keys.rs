@@ -70,8 +70,8 @@ async fn limiters_named_alike_share() {
 async fn namespaces_cannot_collide() {
     let (a, b) = (connect().await, connect().await);
     let base = unique_prefix("collide");
-    let short = a.with_prefix(&base);
-    let long = b.with_prefix(format!("{base}tts:"));
+    let short = a.with_namespace(&base, keyrate::KeyNames::Encoded);
+    let long = b.with_namespace(format!("{base}tts:"), keyrate::KeyNames::Encoded);
     assert_ne!(short.bucket_key("tts:x"), long.bucket_key("x"));
     assert!(short.allow_n("tts:x", 0.0, 3).await);
     assert_eq!(long.remaining("x", 0.0).await.unwrap(), 3);
@@ -82,7 +82,9 @@ async fn namespaces_cannot_collide() {
 #[tokio::test]
 async fn keys_cannot_inject_a_hash_tag() {
     let limiter = connect().await;
-    let readable = limiter.clone().with_prefix(unique_prefix("tags"));
+    let readable = limiter
+        .clone()
+        .with_namespace(unique_prefix("tags"), keyrate::KeyNames::Encoded);
     for l in [&limiter, &readable] {
         let name = l.bucket_key("{victim}:sk_1");
         assert!(!name.contains(['{', '}']), "{name}");

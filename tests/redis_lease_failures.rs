@@ -363,7 +363,7 @@ async fn a_breaker_shared_with_the_rate_limiter_fails_acquires_fast() {
     let rate = keyrate::RedisLimiter::connect(&url, keyrate::Quota::new(1.0, 5).unwrap())
         .await
         .unwrap()
-        .with_prefix(unique_prefix("leases-breaker"))
+        .with_namespace(unique_prefix("leases-breaker"), keyrate::KeyNames::Encoded)
         .with_circuit_breaker(2, Duration::from_secs(3600));
     let streams = limiter(
         &url,

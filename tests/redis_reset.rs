@@ -118,7 +118,7 @@ fn blocking_resets() {
     let url = url();
     let l = BlockingRedisLimiter::connect_blocking(&url, quota(1.0, 2))
         .unwrap()
-        .with_prefix(unique_prefix("reset_blocking"))
+        .with_namespace(unique_prefix("reset_blocking"), keyrate::KeyNames::Encoded)
         .with_min_ttl(Duration::from_secs(3600))
         .with_timeout(TEST_TIMEOUT);
     assert!(l.allow_n("a", 0.0, 2));

@@ -50,7 +50,7 @@ fn blocking_decisions_and_failures_are_counted() {
     let url = url();
     let limiter = BlockingRedisLimiter::connect_blocking(&url, Quota::new(1.0, 1).unwrap())
         .unwrap()
-        .with_prefix(unique_prefix("stats_blocking"))
+        .with_namespace(unique_prefix("stats_blocking"), keyrate::KeyNames::Encoded)
         .with_timeout(TEST_TIMEOUT);
     assert!(limiter.allow("k", 0.0));
     assert!(!limiter.allow("k", 0.0));

@@ -43,7 +43,7 @@ use std::time::Instant;
 /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
 /// # let prefix = format!("keyrate-doc:{}:{:?}:", std::process::id(), std::time::SystemTime::now());
 /// let limiter = BlockingRedisLimiter::connect_blocking(&url, Quota::new(1.0, 3)?)?
-///     .with_prefix(prefix);
+///     .with_namespace(prefix, keyrate::KeyNames::Encoded);
 /// assert!(limiter.allow("key1", 0.0));
 /// assert!(limiter.allow("key1", 0.0));
 /// assert!(limiter.allow("key1", 0.0));

@@ -74,6 +74,13 @@ impl<C> RedisLimiter<C> {
     /// Kept for code written before namespaces, when a bucket's name was
     /// the prefix and the raw key.
     ///
+    /// Deprecated because its name does not say that it writes every key
+    /// into Redis as it is: anyone who can read Redis (`SCAN`, `MONITOR`,
+    /// a replica, a backup) then reads your users' API keys. Name buckets
+    /// by keyed hashes (`KeyNames::Hashed`, with a `KeySecret` your
+    /// processes share), or say `KeyNames::Encoded` where keys are not
+    /// secrets (customer ids).
+    ///
     /// # Examples
     ///
     /// ```
@@ -81,14 +88,20 @@ impl<C> RedisLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
+    /// #[allow(deprecated)]
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
     ///     .with_prefix("rl:tts:");
-    /// assert_eq!(limiter.bucket_key("sk_live_1"), "rl:tts:|sk_live_1");
+    /// assert_eq!(limiter.bucket_key("cust_1"), "rl:tts:|cust_1");
     /// # Ok(())
     /// # }
     /// ```
     #[must_use]
+    #[deprecated(
+        since = "0.1.0",
+        note = "writes raw keys into Redis names: use with_namespace(namespace, \
+                KeyNames::Hashed(secret)), or KeyNames::Encoded for keys that are not secrets"
+    )]
     pub fn with_prefix(self, prefix: impl AsRef<str>) -> Self {
         self.with_namespace(prefix, KeyNames::Encoded)
     }
@@ -112,7 +125,7 @@ impl<C> RedisLimiter<C> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
     ///     .await?
-    ///     .with_prefix("tenant7")
+    ///     .with_namespace("tenant7", keyrate::KeyNames::Encoded)
     ///     .with_hash_tag(true);
     /// assert_eq!(limiter.bucket_key("{k}"), "{tenant7}|%7Bk%7D");
     /// # Ok(())

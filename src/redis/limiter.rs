@@ -66,7 +66,7 @@ use std::future::Future;
 /// // url: for example "redis://127.0.0.1:6379"
 /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?)
 ///     .await?
-///     .with_prefix(prefix);
+///     .with_namespace(prefix, keyrate::KeyNames::Encoded);
 /// assert!(limiter.allow("key1", 0.0).await);
 /// assert!(limiter.allow("key1", 0.0).await);
 /// assert!(limiter.allow("key1", 0.0).await);

@@ -69,7 +69,7 @@ impl<C> RedisLimiter<C> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 2)?).await?
-    ///     .with_prefix(format!("doc-stats-{}:", std::process::id()));
+    ///     .with_namespace(format!("doc-stats-{}:", std::process::id()), keyrate::KeyNames::Encoded);
     /// assert!(!limiter.allow_n("k", 0.0, 3).await);
     /// assert_eq!(limiter.stats().denied_exceeds_capacity, 1);
     /// # Ok(())
@@ -121,7 +121,7 @@ impl<C> RedisLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
-    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_prefix("rl");
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_namespace("rl", keyrate::KeyNames::Encoded);
     /// assert_eq!(limiter.bucket_key_prefix(), "rl|");
     /// assert_eq!(limiter.clone().with_hash_tag(true).bucket_key_prefix(), "{rl}|");
     /// # Ok(())
@@ -144,7 +144,7 @@ impl<C> RedisLimiter<C> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?;
     /// assert!(limiter.namespace().starts_with("keyrate-private-"));
-    /// assert_eq!(limiter.with_prefix("rl:api").namespace(), "rl:api");
+    /// assert_eq!(limiter.with_namespace("rl:api", keyrate::KeyNames::Encoded).namespace(), "rl:api");
     /// # Ok(())
     /// # }
     /// ```

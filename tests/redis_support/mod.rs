@@ -52,7 +52,7 @@ pub async fn limiter(test: &str, quota: Quota) -> RedisLimiter {
         .await
         .unwrap_or_else(|err| panic!("KEYRATE_REDIS_URL={url} but no Redis answers: {err}"));
     limiter
-        .with_prefix(unique_prefix(test))
+        .with_namespace(unique_prefix(test), keyrate::KeyNames::Encoded)
         .with_min_ttl(Duration::from_secs(3600))
         .with_timeout(TEST_TIMEOUT)
 }

@@ -81,7 +81,7 @@ impl<C> RedisLimiter<C> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
     /// # let prefix = format!("keyrate-doc-placed:{}:{:?}:", std::process::id(), std::time::SystemTime::now());
-    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_prefix(prefix);
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_namespace(prefix, keyrate::KeyNames::Encoded);
     /// let plan = Policy::new([Quota::new(10.0, 20)?, Quota::new(1.0, 5)?])?;
     /// let org = Policy::from(Quota::new(100.0, 6)?);
     /// let scopes = [("sk_live_1", &plan), ("org_7", &org)];
@@ -115,7 +115,7 @@ impl<C> RedisLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let url = std::env::var("KEYRATE_REDIS_URL")?;
-    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_prefix("rl");
+    /// let limiter = RedisLimiter::connect(&url, Quota::new(1.0, 3)?).await?.with_namespace("rl", keyrate::KeyNames::Encoded);
     /// assert_eq!(limiter.placed_bucket_key("sk_1", "org_{7}"), "rl{@org_%7B7%7D}|sk_1");
     /// # Ok(())
     /// # }
