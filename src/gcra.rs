@@ -364,14 +364,22 @@ pub(crate) fn step(
         // Cost 0 (a positive cost spends at least one interval, 1 ns).
         return Ok(full_at);
     }
-    // Refill the bucket still lacks at `now` after this call (capped: a
-    // full bucket lacks nothing, whatever time has passed).
-    let missing = full_at.saturating_sub(now).saturating_add(spend);
-    if missing <= quota.window {
-        // now + missing <= (2^63 - 1) * 2: no overflow, never u64::MAX.
-        Ok(now + missing)
+    // The refill the bucket lacks at `now` (capped: a full bucket lacks
+    // nothing, whatever time has passed), against the room this call
+    // leaves in the window. Compared apart rather than summed: a word far
+    // ahead of `now` (up to 2^64 - 2) plus the spend would overflow, and a
+    // saturated sum would report a wait short of the exact one.
+    let lacking = full_at.saturating_sub(now);
+    let Some(room) = quota.window.checked_sub(spend) else {
+        // A spend above the window (never from `spend_for`): never fits.
+        return Err(lacking.saturating_add(spend - quota.window));
+    };
+    if lacking <= room {
+        // now + lacking + spend <= (2^63 - 1) + window < 2^64 - 1: no
+        // overflow, never u64::MAX.
+        Ok(now + lacking + spend)
     } else {
-        Err(missing - quota.window)
+        Err(lacking - room)
     }
 }
 

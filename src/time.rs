@@ -52,6 +52,15 @@ impl Nanos {
         Nanos(self.0.saturating_sub(other.0))
     }
 
+    /// `self - other`, or `None` if `other` is later.
+    #[inline]
+    pub(crate) const fn checked_sub(self, other: Nanos) -> Option<Nanos> {
+        match self.0.checked_sub(other.0) {
+            Some(ns) => Some(Nanos(ns)),
+            None => None,
+        }
+    }
+
     /// `self + other`, or `u64::MAX` ns on overflow.
     #[inline]
     pub(crate) const fn saturating_add(self, other: Nanos) -> Nanos {

@@ -18,6 +18,31 @@ fn with_interval_reports_its_rate_interval_and_window() {
 }
 
 #[test]
+fn a_wait_past_the_last_instant_is_exact() {
+    // The longest window (2^63 - 2 ns, two tokens of 2^62 - 1 ns),
+    // emptied at the last instant: its word is 2^64 - 3, the highest a
+    // bucket holds. Read at 0 for one token, the wait is the word less
+    // the room one token leaves, 2^64 - 3 - (2^62 - 1). The word plus the
+    // spend overflows 2^64: summed saturating, the wait read 2^63 + 1.
+    let token = (1u64 << 62) - 1;
+    let quota = Quota::with_interval(Duration::from_nanos(token), 2).unwrap();
+    assert_eq!(quota.window(), Nanos::new((1 << 63) - 2));
+    let at = Nanos::new(MAX_TIMESTAMP_NANOS);
+    let full_at = Nanos::new(u64::MAX - 2);
+    assert_eq!(step(at, at, quota.window(), &quota), Ok(full_at));
+    let exact = u64::MAX - 2 - token;
+    assert_eq!(
+        step(full_at, Nanos::ZERO, Nanos::new(token), &quota),
+        Err(Nanos::new(exact))
+    );
+    // The whole window: the wait is the whole word.
+    assert_eq!(
+        step(full_at, Nanos::ZERO, quota.window(), &quota),
+        Err(full_at)
+    );
+}
+
+#[test]
 fn the_refill_window_reaches_two_to_the_63_minus_2_and_no_further() {
     // 2^63 - 2 ns, written out rather than taken from the constant.
     let largest = (1u64 << 63) - 2;
