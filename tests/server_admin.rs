@@ -23,7 +23,7 @@ async fn plans_get_their_own_bursts_and_change_live() {
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body.to_string())))
             .unwrap();
-        client.request(request)
+        within("an answer from the server", client.request(request))
     };
 
     // Each plan its own burst: free as LIMITS, pro five times as large.
@@ -67,7 +67,10 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
     let server = start().await;
     let client = client();
     let send = |method: &str, path: &str, token: Option<&str>, body: &'static str| {
-        client.request(admin_request(&server, method, path, token, body))
+        within(
+            "an answer from the server",
+            client.request(admin_request(&server, method, path, token, body)),
+        )
     };
     let plan = r#"{"connect_rate":1,"connect_burst":5,"synth_rate":500,"synth_burst":2000}"#;
 
@@ -111,7 +114,10 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
         "x".repeat(1 << 20),
     );
     assert_eq!(
-        client.request(huge).await.unwrap().status(),
+        within("an answer from the server", client.request(huge))
+            .await
+            .unwrap()
+            .status(),
         StatusCode::UNAUTHORIZED
     );
     // With the token, the body is read: too large is refused, bad JSON too
@@ -119,7 +125,10 @@ async fn every_admin_route_needs_the_token_checked_before_the_body() {
     let huge = "x".repeat(1 << 20);
     let huge = admin_request(&server, "PUT", "/admin/plans/free", Some(ADMIN_TOKEN), huge);
     assert_eq!(
-        client.request(huge).await.unwrap().status(),
+        within("an answer from the server", client.request(huge))
+            .await
+            .unwrap()
+            .status(),
         StatusCode::PAYLOAD_TOO_LARGE
     );
     let response = send("PUT", "/admin/plans/free", Some(ADMIN_TOKEN), "not json")
@@ -182,12 +191,18 @@ async fn without_an_admin_token_the_admin_routes_are_off() {
     for token in [None, Some("admin-secret"), Some("")] {
         let list = admin_request(&server, "GET", "/admin/plans", token, "");
         assert_eq!(
-            client.request(list).await.unwrap().status(),
+            within("an answer from the server", client.request(list))
+                .await
+                .unwrap()
+                .status(),
             StatusCode::NOT_FOUND
         );
         let set = admin_request(&server, "PUT", "/admin/plans/free", token, plan);
         assert_eq!(
-            client.request(set).await.unwrap().status(),
+            within("an answer from the server", client.request(set))
+                .await
+                .unwrap()
+                .status(),
             StatusCode::NOT_FOUND
         );
     }
