@@ -259,18 +259,20 @@ fn a_flood_of_distinct_keys_does_not_grow_the_sketch() {
             .with_top_offenders(true)
             .with_hot_key_cache(false),
     );
-    // Each key spends its bucket, then is denied for want of tokens (an
-    // offence); a sweep then evicts every bucket, so every live copy of a
-    // key beyond the callers' own is in the sketches.
-    let flood = |from: u64, to: u64| {
+    // Each key spends its bucket at `at`, then is denied for want of
+    // tokens (an offence); a sweep then evicts every bucket, so every live
+    // copy of a key beyond the callers' own is in the sketches. Each flood
+    // is stamped after the previous sweep: a key without a bucket is full
+    // only from the latest instant a swept bucket was full from.
+    let flood = |from: u64, to: u64, at: f64| {
         let threads: Vec<_> = (0..THREADS)
             .map(|t| {
                 let limiter = Arc::clone(&limiter);
                 thread::spawn(move || {
                     for i in (from + t..to).step_by(THREADS as usize) {
                         let key = Counted::new(i);
-                        assert!(limiter.allow(&key, 1.0));
-                        assert!(!limiter.allow(&key, 1.0));
+                        assert!(limiter.allow(&key, at));
+                        assert!(!limiter.allow(&key, at));
                     }
                 })
             })
@@ -278,11 +280,11 @@ fn a_flood_of_distinct_keys_does_not_grow_the_sketch() {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(limiter.sweep(10.0) as u64, to - from);
+        assert_eq!(limiter.sweep(at + 9.0) as u64, to - from);
         LIVE.load(Relaxed)
     };
-    let after_small = flood(0, 1_000);
-    let after_large = flood(1_000, 300_000);
+    let after_small = flood(0, 1_000, 1.0);
+    let after_large = flood(1_000, 300_000, 11.0);
     let bound = ((THREADS + 1) * 2 * OFFENDER_SLOTS as u64) as i64;
     // Each thread's sketch holds at most `2 * OFFENDER_SLOTS` keys (two
     // epochs), and threads beyond the limiter's stripes share one more.
@@ -296,10 +298,10 @@ fn a_flood_of_distinct_keys_does_not_grow_the_sketch() {
 
     // A key already in the sketch is not copied again.
     let key = Counted::new(u64::MAX);
-    assert!(limiter.allow(&key, 10.0)); // its bucket's copy
+    assert!(limiter.allow(&key, 30.0)); // its bucket's copy
     let made = MADE.load(Relaxed);
     for _ in 0..10_000 {
-        assert!(!limiter.allow(&key, 10.0));
+        assert!(!limiter.allow(&key, 30.0));
     }
     assert_eq!(MADE.load(Relaxed) - made, 1);
 }
