@@ -336,6 +336,73 @@ mod tests {
         assert!(call(&b, 7, true));
     }
 
+    /// Calls that reach an open breaker at once, from many threads (a
+    /// barrier releases them together, so that they contend for the lock
+    /// behind the hint; the lock makes any interleaving safe, so the
+    /// checks hold whatever the order): how many were let through as
+    /// probes, went as if closed, and failed fast.
+    fn admit_at_once(b: &Arc<Breaker>, ms: u64) -> (Vec<ProbeGuard>, usize, usize) {
+        const THREADS: usize = 8;
+        let start = std::sync::Barrier::new(THREADS);
+        let passes: Vec<_> = std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        b.admit(at(ms))
+                    })
+                })
+                .collect();
+            calls
+                .into_iter()
+                .map(|call| call.join().expect("admit panicked"))
+                .collect()
+        });
+        let (mut probes, mut goes, mut refused) = (Vec::new(), 0, 0);
+        for pass in passes {
+            match pass {
+                Ok(Pass::Probe(guard)) => probes.push(guard),
+                Ok(Pass::Go) => goes += 1,
+                Err(err) => {
+                    assert!(err.is_circuit_open(), "{err:?}");
+                    refused += 1;
+                }
+            }
+        }
+        (probes, goes, refused)
+    }
+
+    /// Half-open under contention: when the open period ends, of many
+    /// threads calling at the same instant exactly one probes and the
+    /// others fail fast, and so do all calls while that probe is in
+    /// flight; a failed probe opens the breaker for another period, after
+    /// which again exactly one probes; an answered probe closes it, and
+    /// every call goes.
+    #[test]
+    fn simultaneous_calls_let_one_probe_through() {
+        let b = breaker();
+        for ms in 0..3 {
+            call(&b, ms, false);
+        }
+        // Opened at 2 ms: the probe is due from 52 ms.
+        let (mut probes, goes, refused) = admit_at_once(&b, 52);
+        assert_eq!((probes.len(), goes, refused), (1, 0, 7), "at 52 ms");
+        let probe = probes.pop().expect("one probe");
+        let (probes, goes, refused) = admit_at_once(&b, 60);
+        assert_eq!((probes.len(), goes, refused), (0, 0, 8), "probe in flight");
+        // The probe fails at 60 ms: open until 110 ms.
+        b.record(Pass::Probe(probe), false, at(60));
+        let (probes, goes, refused) = admit_at_once(&b, 109);
+        assert_eq!((probes.len(), goes, refused), (0, 0, 8), "reopened");
+        let (mut probes, goes, refused) = admit_at_once(&b, 110);
+        assert_eq!((probes.len(), goes, refused), (1, 0, 7), "at 110 ms");
+        b.record(Pass::Probe(probes.pop().expect("one probe")), true, at(111));
+        let (probes, goes, refused) = admit_at_once(&b, 112);
+        assert_eq!((probes.len(), goes, refused), (0, 8, 0), "closed");
+        let stats = b.stats();
+        assert_eq!((stats.trips, stats.probes, stats.fast_failures), (1, 2, 30));
+    }
+
     #[test]
     fn threshold_zero_never_opens() {
         let b = Arc::new(Breaker::new(0, Duration::from_millis(50)));

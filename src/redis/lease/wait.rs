@@ -204,3 +204,128 @@ where
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    use tokio::sync::Barrier;
+
+    const KEYS: usize = 3;
+    const ROUNDS: usize = 20;
+    const LEAVERS: usize = 4;
+    const STAYERS: usize = 4;
+
+    /// Marks a task as holding its key's turn, failing if another holds it.
+    fn enter(inside: &AtomicU32, key: &str) {
+        assert_eq!(
+            inside.fetch_add(1, SeqCst),
+            0,
+            "two tasks hold {key}'s turn"
+        );
+    }
+
+    /// One round on `key`, every task on the multi-threaded runtime, in
+    /// steps set by a barrier: a holder takes the turn; leavers join the
+    /// queue, find the turn taken, and leave (as a waiter out of time
+    /// does); then a new place on the key must still find the turn taken
+    /// (a leaver that removed the entry under the holder would let the
+    /// next waiter start a second queue for the key, and run beside the
+    /// holder); then stayers queue behind the holder and take the turn
+    /// one after another.
+    async fn round(queues: Arc<Queues>, key: String, inside: Arc<AtomicU32>) {
+        let step = Arc::new(Barrier::new(1 + LEAVERS + STAYERS));
+        let mut tasks = tokio::task::JoinSet::new();
+        {
+            let (queues, key, inside, step) = (
+                Arc::clone(&queues),
+                key.clone(),
+                Arc::clone(&inside),
+                Arc::clone(&step),
+            );
+            tasks.spawn(async move {
+                let place = queues.join(&key);
+                let turn = place.turn.lock().await;
+                enter(&inside, &key);
+                step.wait().await; // 1: the turn is held
+                step.wait().await; // 2: the leavers have left
+                let probe = queues.join(&key);
+                assert!(
+                    probe.turn.try_lock().is_err(),
+                    "a new place on {key} took the turn its holder holds"
+                );
+                drop(probe);
+                step.wait().await; // 3: checked
+                step.wait().await; // 4: the stayers have joined
+                inside.fetch_sub(1, SeqCst);
+                drop(turn);
+            });
+        }
+        for _ in 0..LEAVERS {
+            let (queues, key, step) = (Arc::clone(&queues), key.clone(), Arc::clone(&step));
+            tasks.spawn(async move {
+                step.wait().await;
+                let place = queues.join(&key);
+                assert!(
+                    place.turn.try_lock().is_err(),
+                    "a leaver took the holder's turn"
+                );
+                drop(place);
+                for _ in 2..=4 {
+                    step.wait().await;
+                }
+            });
+        }
+        for _ in 0..STAYERS {
+            let (queues, key, inside, step) = (
+                Arc::clone(&queues),
+                key.clone(),
+                Arc::clone(&inside),
+                Arc::clone(&step),
+            );
+            tasks.spawn(async move {
+                for _ in 1..=3 {
+                    step.wait().await;
+                }
+                let place = queues.join(&key);
+                step.wait().await;
+                let turn = place.turn.lock().await;
+                enter(&inside, &key);
+                // Gives the other thread a chance to run another task of
+                // the key meanwhile (the check holds whether or not it does).
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, SeqCst);
+                drop(turn);
+            });
+        }
+        while let Some(task) = tasks.join_next().await {
+            task.expect("a task of the round failed");
+        }
+    }
+
+    /// Many tasks queueing and leaving on a few keys at once, on two
+    /// threads: no two tasks ever hold one key's turn at once, even while
+    /// places are removed and made again, and once every task has left,
+    /// the map holds no entry (the last to leave a key removes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queues_serve_one_at_a_time_and_empty_when_all_leave() {
+        let queues = Arc::new(Queues::default());
+        let rounds = async {
+            for _ in 0..ROUNDS {
+                let mut keys = tokio::task::JoinSet::new();
+                for k in 0..KEYS {
+                    let inside = Arc::new(AtomicU32::new(0));
+                    keys.spawn(round(Arc::clone(&queues), format!("key{k}"), inside));
+                }
+                while let Some(key) = keys.join_next().await {
+                    key.expect("a round failed");
+                }
+                let left: Vec<_> = queues.0.lock().keys().cloned().collect();
+                assert!(left.is_empty(), "entries left after every task: {left:?}");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), rounds)
+            .await
+            .expect("a round never ended: a waiter was never woken");
+    }
+}

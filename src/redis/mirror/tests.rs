@@ -148,3 +148,119 @@ fn contended_boarding_coalesces_and_loses_no_call() {
     eprintln!("{calls} calls: {trips} round trips ({by_redis} denied by Redis), {by_bound} denied by the bound, {waits} waits");
     assert!(waits > 0, "no call waited: the contended path never ran");
 }
+
+/// A reset on Redis (this limiter's `reset` or `reset_all`: the fake's
+/// word back to zero, then `forget` or `forget_all`) while calls on the
+/// key are in flight, sent before it: their answers carry the word from
+/// before the reset, and reach the mirror only after `forget`. The floor
+/// must drop them: learnt, they would make the bound exceed the word
+/// Redis keeps (zero: the bucket is full), and deny locally, for up to
+/// `refresh`, calls Redis admits. The race happens in every run, by
+/// construction: each call runs on its own thread and is held between
+/// Redis's decision and its `learn` until the reset is done (barriers).
+/// A call sent after the reset is learnt: the floor drops only the
+/// answers from before it.
+#[test]
+fn a_reset_drops_the_answers_of_calls_sent_before_it() {
+    use std::sync::Barrier;
+    const CALLS: u64 = 4;
+    let quota = Quota::new(CALLS as f64, CALLS).expect("a valid quota");
+    let spend = gcra::spend_for(1, &quota).expect("a unit cost fits");
+    // The calls together empty the bucket, full at `at`.
+    let at = quota.window();
+    for reset_all in [false, true] {
+        // A refresh far longer than the test: every bound stays fresh.
+        let mirror = Arc::new(Mirror::new(
+            DEFAULT_MIRROR_CAPACITY,
+            Duration::from_secs(3600),
+        ));
+        let redis = Mutex::new(Nanos::ZERO);
+        let (decided, reset) = (
+            Barrier::new(CALLS as usize + 1),
+            Barrier::new(CALLS as usize + 1),
+        );
+        // Nothing panics before the barriers (a thread that did would
+        // leave the others waiting forever): the checks come after.
+        let (calls, clock_moved) = std::thread::scope(|scope| {
+            let calls: Vec<_> = (0..CALLS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let sent = mirror.local_now();
+                        let guard = match mirror.board("k", at, 1, spend, &quota) {
+                            Boarding::Go(guard) => guard,
+                            Boarding::Wait(_) => None,
+                        };
+                        let word = {
+                            let mut word = redis.lock().unwrap();
+                            let decided = gcra::decide(*word, at, 1, &quota);
+                            *word = decided.unwrap_or(*word);
+                            decided.ok()
+                        };
+                        decided.wait();
+                        // The answer is on its way back while Redis is reset.
+                        reset.wait();
+                        if let Some(word) = word {
+                            mirror.learn("k", word, at, sent);
+                        }
+                        (guard.is_some(), word.is_some())
+                    })
+                })
+                .collect();
+            decided.wait();
+            // Every call was sent at or before `last_sent`; the reset reads
+            // the clock after it has moved on, so every `sent` is strictly
+            // below the floor (a call sent at the floor's very instant
+            // could be either side of the reset).
+            let last_sent = mirror.local_now();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut clock_moved = true;
+            while mirror.local_now() <= last_sent {
+                if std::time::Instant::now() >= deadline {
+                    clock_moved = false;
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            *redis.lock().unwrap() = Nanos::ZERO;
+            if reset_all {
+                mirror.forget_all();
+            } else {
+                mirror.forget("k");
+            }
+            reset.wait();
+            let calls: Vec<_> = calls
+                .into_iter()
+                .map(|call| call.join().expect("a call panicked"))
+                .collect();
+            (calls, clock_moved)
+        });
+        assert!(clock_moved, "the monotonic clock did not move in 10 s");
+        assert!(
+            calls.iter().all(|&(boarded, admitted)| boarded && admitted),
+            "the calls fit in the bucket: each boards without waiting and is admitted: {calls:?}"
+        );
+        let known = mirror
+            .bound("k", mirror.local_now())
+            .expect("the entry the calls boarded");
+        assert_eq!(
+            known.guess,
+            Nanos::ZERO,
+            "reset_all {reset_all}: the bound is an answer sent before the reset"
+        );
+        // So a call Redis admits (the bucket is full) is not denied by it.
+        let bound = known.fresh.expect("a fresh bound");
+        assert!(gcra::decide(bound, at, CALLS, &quota).is_ok());
+
+        // A call sent after the reset: its answer is the bound.
+        let sent = mirror.local_now();
+        let word = gcra::decide(Nanos::ZERO, at, CALLS, &quota).expect("a full bucket");
+        *redis.lock().unwrap() = word;
+        mirror.learn("k", word, at, sent);
+        let known = mirror.bound("k", mirror.local_now()).expect("the entry");
+        assert_eq!(
+            known.fresh,
+            Some(word),
+            "reset_all {reset_all}: an answer after the reset is dropped"
+        );
+    }
+}
