@@ -235,14 +235,18 @@ mod tests {
     /// one after another.
     async fn round(queues: Arc<Queues>, key: String, inside: Arc<AtomicU32>) {
         let step = Arc::new(Barrier::new(1 + LEAVERS + STAYERS));
-        let mut tasks = tokio::task::JoinSet::new();
-        {
-            let (queues, key, inside, step) = (
+        // What a holder's or a stayer's task takes with it.
+        let parts = || {
+            (
                 Arc::clone(&queues),
                 key.clone(),
                 Arc::clone(&inside),
                 Arc::clone(&step),
-            );
+            )
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        {
+            let (queues, key, inside, step) = parts();
             tasks.spawn(async move {
                 let place = queues.join(&key);
                 let turn = place.turn.lock().await;
@@ -277,12 +281,7 @@ mod tests {
             });
         }
         for _ in 0..STAYERS {
-            let (queues, key, inside, step) = (
-                Arc::clone(&queues),
-                key.clone(),
-                Arc::clone(&inside),
-                Arc::clone(&step),
-            );
+            let (queues, key, inside, step) = parts();
             tasks.spawn(async move {
                 for _ in 1..=3 {
                     step.wait().await;
