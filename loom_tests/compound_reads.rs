@@ -13,6 +13,9 @@
 //! Model 19: a call of two scopes, one cell from the thread's cache and
 //! one from the map, racing a sweep that retires the cached cell: the
 //! spend lands on live cells, or the call goes back through the map.
+//! Model 20: a call stamped earlier than a sweep that removes its key's
+//! cell: the key restarts from the removed cell's word, so the call finds
+//! what the cell held at its instant, whichever comes first.
 //!
 //! Under loom the caches are per model thread, off unless a limiter turns
 //! them on, and a key is promoted on its second lookup through the map.
@@ -239,6 +242,52 @@ fn broken_compound_partly_cached_spend_ignoring_retired() {
         model(
             "19 broken: a partly cached call locks a retired cell",
             a_sweep_races_a_partly_cached_call,
+        )
+    });
+}
+
+/// "k" (capacity 2, 1 token/s) is emptied at 0 s, so its cell is full
+/// again from 2 s. A call stamped 1 s (its thread read the clock before
+/// the sweep's) races a sweep stamped 3 s that removes the cell: the call
+/// finds the one token the cell held at 1 s whichever comes first (after
+/// the removal, the key starts from the removed cell's word, not full),
+/// and a second call at 1 s is denied.
+fn a_sweep_stamped_later_races_a_call() {
+    let policy = Arc::new(Policy::from(quota(1.0, 2)));
+    let limiter = Arc::new(CompoundLimiter::with_hasher(BuildHasherDefault::<
+        DefaultHasher,
+    >::default()));
+    assert!(limiter.check("k", &policy, 0.0, 2).is_ok());
+    let lagging = {
+        let (limiter, policy) = (Arc::clone(&limiter), Arc::clone(&policy));
+        loom::thread::spawn(move || limiter.check("k", &policy, 1.0, 1).is_ok())
+    };
+    let removed = limiter.sweep(3.0);
+    let admitted = lagging.join().expect("the caller panicked");
+    assert!(admitted, "the token held at 1 s");
+    assert!(
+        limiter.check("k", &policy, 1.0, 1).is_err(),
+        "a second token at 1 s (removed {removed})"
+    );
+    assert_eq!(limiter.remaining("k", &policy, 1.0), Ok(0));
+    assert_eq!(limiter.remaining("k", &policy, 3.0), Ok(2));
+}
+
+#[test]
+fn compound_sweeps_give_removed_keys_no_tokens() {
+    model(
+        "20 compound: a sweep at 3 s vs a call stamped 1 s",
+        a_sweep_stamped_later_races_a_call,
+    );
+}
+
+#[test]
+#[should_panic(expected = "a second token at 1 s")]
+fn broken_compound_sweep_forgetting_removed_words() {
+    loom_api::with_flaw(Flaw::RemovedWordForgotten, || {
+        model(
+            "20 broken: the sweep keeps no removed word",
+            a_sweep_stamped_later_races_a_call,
         )
     });
 }

@@ -29,7 +29,7 @@
 //! | `hot_keys.rs` | model 11: a hot-key cache's spend racing a sweep |
 //! | `reset.rs` | model 12: a reset racing spends and the sweep's retirement |
 //! | `compound.rs` | models 13 and 14: compound calls all or nothing; scopes locked in one order, no deadlock |
-//! | `compound_reads.rs` | models 15, 16 and 19: a compound denial read lock-free vs an admission; a cached compound spend vs the sweep's retirement; a call of a cached key and one from the map vs the sweep |
+//! | `compound_reads.rs` | models 15, 16, 19 and 20: a compound denial read lock-free vs an admission; a cached compound spend vs the sweep's retirement; a call of a cached key and one from the map vs the sweep; a call stamped before a sweep that removes its key |
 //! | `compound_snapshot.rs` | model 17: a compound denial of two scopes on a lock-free snapshot vs an admission on both |
 //! | `compound_cap.rs` | model 18: at the cap, a new key's room-making sweep vs a spend on the key that holds the place |
 #![cfg(loom)]
