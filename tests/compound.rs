@@ -901,3 +901,45 @@ fn a_sweep_stamped_later_gives_a_removed_key_no_tokens() {
         .count();
     assert_eq!(admitted, 0, "a removed key spent tokens it did not hold");
 }
+
+/// A quota a key's cell has not held yet starts from the word of a key
+/// without a bucket too: a key removed under a policy of three quotas and
+/// made again by a call of two finds its third quota no fuller than the
+/// removed cell's (a review found it full: two tokens at 1,001 s where the
+/// removed cell held one).
+#[test]
+fn a_quota_a_cell_has_not_held_starts_from_the_removed_words() {
+    let q = |capacity| keyrate::Quota::new(1.0, capacity).unwrap();
+    let three = Policy::new([q(100), q(100), q(2)]).unwrap();
+    let two = Policy::new([q(100), q(100)]).unwrap();
+    let limiter = CompoundLimiter::new();
+    let _ = limiter.check("k", &three, 1000.0, 2).unwrap();
+    assert_eq!(limiter.remaining("k", &three, 1001.0), Ok(1));
+    assert_eq!(limiter.sweep(1002.0), 1);
+    assert_eq!(limiter.remaining("k", &three, 1001.0), Ok(1));
+    // Made again, inline, by a call of two quotas (cost 0 writes nothing).
+    let _ = limiter.check("k", &two, 1002.0, 0).unwrap();
+    assert_eq!(limiter.len(), 1);
+    assert_eq!(limiter.remaining("k", &three, 1001.0), Ok(1));
+    assert!(limiter.check("k", &three, 1001.0, 2).is_err());
+    // Lengthened from a shared cell of two words, the same.
+    let shared = CompoundLimiter::new().with_hot_key_cache(false);
+    let _ = shared.check("k", &three, 1000.0, 2).unwrap();
+    assert_eq!(shared.sweep(1002.0), 1);
+    let _ = shared
+        .check_scopes(&[("k", &two), ("other", &two)], 1002.0, 0)
+        .unwrap();
+    assert!(shared.check("k", &three, 1001.0, 2).is_err());
+    assert_eq!(shared.remaining("k", &three, 1001.0), Ok(1));
+}
+
+/// With the automatic sweep off, a sweep by hand keeps no word (keys on
+/// timelines of their own): a new key far behind starts full.
+#[test]
+fn with_the_automatic_sweep_off_compound_sweeps_keep_no_word() {
+    let policy = Policy::from(keyrate::Quota::new(1.0, 1).unwrap());
+    let limiter = CompoundLimiter::new().with_auto_sweep(false);
+    let _ = limiter.check("a", &policy, 1e6, 1).unwrap();
+    assert_eq!(limiter.sweep(1e6 + 1.0), 1);
+    assert!(limiter.check("b", &policy, 0.0, 1).is_ok());
+}

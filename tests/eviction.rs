@@ -268,6 +268,19 @@ fn a_sweep_stamped_later_gives_a_removed_key_no_tokens() {
     assert_eq!(by_hand.remaining("victim", 0.5), Ok(10));
 }
 
+/// With the automatic sweep off (the setting for keys on timelines of
+/// their own), a sweep by hand keeps nothing of the words it removes: a
+/// key far behind on its own timeline still starts full, whatever another
+/// key's sweep removed.
+#[test]
+fn with_the_automatic_sweep_off_sweeps_keep_no_word() {
+    let limiter = TokenBucketLimiter::new(1.0, 1).with_auto_sweep(false);
+    assert!(limiter.allow("a", 1e6));
+    assert_eq!(limiter.sweep(1e6 + 1.0), 1);
+    assert!(limiter.allow("b", 0.0), "a new key on its own timeline");
+    assert!(!limiter.allow("b", 0.0));
+}
+
 #[test]
 fn without_auto_sweep_nothing_is_evicted() {
     let limiter = TokenBucketLimiter::new(10.0, 5).with_auto_sweep(false);

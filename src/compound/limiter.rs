@@ -258,9 +258,10 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> CompoundLimiter<K, S> {
     /// Removes the buckets that are full at `at` and that no call holds;
     /// returns how many it removed (none for a bad instant). A removed
     /// key behaves as before at and after the instant its bucket was full
-    /// from: a key without a bucket starts full from the latest such
-    /// instant of the buckets removed, so a call stamped earlier finds it
-    /// no fuller than it was.
+    /// from. With the automatic sweep on (one timeline for every key), a
+    /// key without a bucket starts full from the latest such instant of
+    /// the buckets removed, so a call stamped earlier finds it no fuller
+    /// than it was; with it off, sweeps keep nothing.
     ///
     /// # Examples
     ///

@@ -190,7 +190,7 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let hash = self.hash(key);
         let map = self.shard(hash).map.lock();
         let (_, slot) = map.find(hash, |(k, _)| k.borrow() == key)?;
-        Some(slot.words_now())
+        Some(slot.words_now(self.pace.restart()))
     }
 
     /// Runs `f` on the key's cell of at least `len` words (whose hash is
@@ -219,18 +219,19 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         let rehash = |(k, _): &(K, Slot)| hasher.hash_one(k);
         let mut map = shard.map.lock();
         if let Some((_, slot)) = map.find_mut(hash, |(k, _)| k.borrow() == key) {
-            return Ok(f(slot.in_map(len, share)));
+            return Ok(f(slot.in_map(len, share, || self.pace.restart())));
         }
         let place = self.reserve()?;
         if self.auto_sweep {
             self.pace.ghosts.created(hash);
         }
-        let mut slot = Slot::new(len, share, self.pace.restart());
-        let result = f(slot.in_map(len, share));
+        let start = self.pace.restart();
+        let mut slot = Slot::new(len, share, start);
+        let result = f(slot.in_map(len, share, || start));
         // The new slot is not in the map yet: a shared cell's read sees
         // what `f` wrote. Relaxed: a hint (see `Shard::full_from`),
         // written under the lock.
-        let full_at = decide::full_at(&slot.words_now());
+        let full_at = decide::full_at(&slot.words_now(start));
         shard
             .full_from
             .fetch_min(full_at.as_u64(), unmodeled::Relaxed);

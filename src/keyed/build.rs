@@ -212,6 +212,15 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// [`sweep`](Self::sweep) (which retires every full bucket), no later
     /// decision changes.
     ///
+    /// On, the limiter takes every key to be on one timeline: a key
+    /// without a bucket (never seen, or swept) starts full from the latest
+    /// instant a swept bucket was full from, so that a call stamped before
+    /// a sweep that removed its key (another thread read the clock first)
+    /// cannot find the key refilled; a new key's call stamped before that
+    /// instant finds it short of what refilled since. Off (keys on
+    /// timelines of their own), sweeps keep nothing and a new key is full
+    /// at every instant.
+    ///
     /// A pass is spread over at least 8192 bucket creations (counted by a
     /// random sample once steps are far apart) and half the buckets the
     /// previous pass left, so the cost per created bucket is amortised

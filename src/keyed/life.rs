@@ -135,12 +135,17 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// Whether `key`'s bucket is full at `at` and pinned by no handle; if
     /// so, retires it (and removes its `moved` entry), records its word
     /// for the keys that come back (`recorded`: see
-    /// [`Pace::removed`](crate::pace::Pace::removed)), and returns true:
-    /// the caller, holding the key's shard write lock, then removes the
-    /// entry.
+    /// [`Pace::removed`](crate::pace::Pace::removed)) if the automatic
+    /// sweep is on, and returns true: the caller, holding the key's shard
+    /// write lock, then removes the entry.
+    ///
+    /// With the automatic sweep off the words are not kept: that is the
+    /// setting for keys on timelines of their own (see the type's docs),
+    /// where one key's word says nothing of another's instants, and a
+    /// sweep by hand at `at` promises only decisions at or after `at`.
     pub(super) fn evict(&self, key: &K, bucket: &Bucket, at: Nanos, recorded: &mut Nanos) -> bool {
         let word = self.retire(key, bucket, at);
-        if let Some(word) = word {
+        if let (Some(word), true) = (word, self.occupancy.auto_sweep) {
             self.occupancy.pace.removed(word, recorded);
         }
         word.is_some()

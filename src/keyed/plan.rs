@@ -183,7 +183,9 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// assert!(limiter.allow("b", 0.0));
     /// ```
     pub fn reset_all(&self) -> usize {
-        // Keys without a bucket start full again too (see `Pace::restart`).
+        // Keys without a bucket start full again too (see `Pace::restart`):
+        // forgotten before the buckets are reset, and again after, in case
+        // a sweep step removed a bucket meanwhile.
         self.occupancy.pace.forget_removed();
         let mut buckets = 0;
         self.buckets.retain(|key, bucket| {
@@ -191,6 +193,7 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
             buckets += 1;
             true
         });
+        self.occupancy.pace.forget_removed();
         buckets
     }
 

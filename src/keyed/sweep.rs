@@ -17,8 +17,11 @@ impl<K: Hash + Eq + 'static, S: BuildHasher + Clone> TokenBucketLimiter<K, S> {
     /// [`BucketHandle`](crate::BucketHandle); returns how many were removed.
     ///
     /// A full bucket is indistinguishable from a key never seen, so this
-    /// changes no later decision made at or after `at`. An invalid
-    /// instant removes nothing.
+    /// changes no later decision made at or after `at`. With the automatic
+    /// sweep on, a key it removes starts again from its bucket's word (see
+    /// [`with_auto_sweep`](Self::with_auto_sweep)), so no decision stamped
+    /// earlier changes either; with it off, such decisions are not
+    /// promised. An invalid instant removes nothing.
     ///
     /// # Locking behaviour
     ///

@@ -251,7 +251,11 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
                 // there (every later call on the key would find it dead).
                 let sampled = Ghosts::sampled(one_in).then(|| hasher.hash_one(key));
                 removed.add(true);
-                self.pace.removed(full_at, &mut recorded);
+                // Kept only on one timeline (see the keyed limiter's
+                // `evict`): with the automatic sweep on.
+                if self.auto_sweep {
+                    self.pace.removed(full_at, &mut recorded);
+                }
                 if let Some(locked) = &mut locked {
                     locked.retire();
                 }

@@ -96,30 +96,40 @@ impl Slot {
             words.set([start; INLINE_WORDS]);
             Slot::Inline(words)
         } else {
-            let mut words = [Nanos::ZERO; MAX_QUOTAS];
-            words[..len.min(MAX_QUOTAS)].fill(start);
-            Slot::Shared(Box::new(Cell::with_words(len, words)))
+            Slot::Shared(Box::new(Cell::with_words(len, [start; MAX_QUOTAS])))
         }
     }
 
-    /// The bucket's words at one instant (past its cell's, 0: full); the
-    /// caller holds the shard's lock (a shared cell is read, or locked if
-    /// writers keep it busy: the one lock order).
-    pub(super) fn words_now(&self) -> Words {
+    /// The bucket's words at one instant; the words past the cell's (a
+    /// quota it has not held yet) are `start`, the word of a key without a
+    /// bucket (`Pace::restart`). The caller holds the shard's lock (a
+    /// shared cell is read, or locked if writers keep it busy: the one
+    /// lock order).
+    pub(super) fn words_now(&self, start: Nanos) -> Words {
         match self {
-            Slot::Inline(words) => padded(words),
-            Slot::Shared(cell) => cell.words_now(),
+            Slot::Inline(words) => padded(words, start),
+            Slot::Shared(cell) => {
+                let mut words = cell.words_now();
+                words[cell.len().min(MAX_QUOTAS)..].fill(start);
+                words
+            }
         }
     }
 
     /// The cell as a call of `len` words sees it: inline if it is and
     /// that fits and `share` is false, else shared (moved to an `Arc`, or
-    /// lengthened, first if need be).
+    /// lengthened, first if need be, its new words `start()`: see
+    /// [`words_now`](Self::words_now); read only then).
     #[inline]
-    pub(super) fn in_map(&mut self, len: usize, share: bool) -> InMap<'_> {
+    pub(super) fn in_map(
+        &mut self,
+        len: usize,
+        share: bool,
+        start: impl FnOnce() -> Nanos,
+    ) -> InMap<'_> {
         let inline = matches!(self, Slot::Inline(_)) && fits_inline(len, share);
         if !inline {
-            return InMap::Shared(self.shared(len));
+            return InMap::Shared(self.shared(len, start));
         }
         match self {
             Slot::Inline(words) => InMap::Inline(words),
@@ -133,18 +143,19 @@ impl Slot {
     /// Out of line: a call on inline words, the common one, then carries
     /// none of it.
     #[inline(never)]
-    fn shared(&mut self, len: usize) -> &Arc<Cell> {
-        if let Slot::Inline(words) = self {
-            let cell = Cell::with_words(len.max(INLINE_WORDS), padded(words));
-            *self = Slot::Shared(Box::new(cell));
+    fn shared(&mut self, len: usize, start: impl FnOnce() -> Nanos) -> &Arc<Cell> {
+        // One of the two at most: an inline cell moves to a cell of `len`
+        // words at least, which needs no lengthening.
+        match self {
+            Slot::Inline(words) => {
+                let cell = Cell::with_words(len.max(INLINE_WORDS), padded(words, start()));
+                *self = Slot::Shared(Box::new(cell));
+            }
+            Slot::Shared(cell) if cell.len() < len => **cell = lengthened(cell, len, start()),
+            Slot::Shared(_) => {}
         }
         match self {
-            Slot::Shared(cell) => {
-                if cell.len() < len {
-                    **cell = lengthened(cell, len);
-                }
-                cell
-            }
+            Slot::Shared(cell) => cell,
             Slot::Inline(_) => unreachable!("moved to an Arc above"),
         }
     }
@@ -161,22 +172,26 @@ fn fits_inline(len: usize, share: bool) -> bool {
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Slot>() == 16);
 
-/// Inline words as a whole cell's: the rest full.
-fn padded(words: &InlineWords) -> Words {
-    let mut all = [Nanos::ZERO; MAX_QUOTAS];
+/// Inline words as a whole cell's: the rest `start` (a key without a
+/// bucket's word, see [`Slot::words_now`]).
+fn padded(words: &InlineWords, start: Nanos) -> Words {
+    let mut all = [start; MAX_QUOTAS];
     all[..INLINE_WORDS].copy_from_slice(&words.get());
     all
 }
 
-/// A copy of `cell` of `len` words, the rest full; `cell` is retired
-/// (its holders go back to the map, and find the copy).
-fn lengthened(cell: &Cell, len: usize) -> Arc<Cell> {
+/// A copy of `cell` of `len` words, the new ones `start`; `cell` is
+/// retired (its holders go back to the map, and find the copy).
+fn lengthened(cell: &Cell, len: usize, start: Nanos) -> Arc<Cell> {
     // `cell` is in the map, under its shard's lock: never retired.
+    let held = cell.len().min(MAX_QUOTAS);
     match cell.lock() {
         Ok(mut old) => {
             old.retire();
-            Cell::with_words(len, old.words)
+            let mut words = old.words;
+            words[held..].fill(start);
+            Cell::with_words(len, words)
         }
-        Err(_) => Cell::new(len),
+        Err(_) => Cell::with_words(len, [start; MAX_QUOTAS]),
     }
 }

@@ -121,7 +121,7 @@ fn an_automatic_step_sweeps_one_slice_of_a_shard() {
     for shard in store.shards.iter() {
         let mut least = u64::MAX;
         shard.map.lock().retain(|(_, slot)| {
-            least = least.min(decide::full_at(&slot.words_now()).as_u64());
+            least = least.min(decide::full_at(&slot.words_now(Nanos::ZERO)).as_u64());
             true
         });
         assert_eq!(shard.full_from.load(unmodeled::Relaxed), least);
