@@ -144,10 +144,8 @@ pub(crate) struct Memo {
 impl Memo {
     /// The memo of `denial`, decided at `now` on a read under `state`, if
     /// it is a denial for want of tokens whose wait is at most
-    /// [`MAX_TIMESTAMP_NANOS`]. A shortfall that saturated in `gcra::step`
-    /// (a word near 2^64, time stepped far back) leaves a wait that does
-    /// not shrink as the call's instant grows, and of at least 2^64 - 1
-    /// less a window of at most 2^63 - 2: above that bound.
+    /// [`MAX_TIMESTAMP_NANOS`], so that `now + wait` fits a `u64` (a word
+    /// near 2^64 read at an early instant waits longer: not kept).
     fn of(
         state: u64,
         denial: &CompoundDenial,
