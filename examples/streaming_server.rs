@@ -88,10 +88,14 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    // Empty is unset: the route is off, as before.
     let admin_token = config
         .admin_token
-        .or_else(|| std::env::var("KEYRATE_ADMIN_TOKEN").ok());
-    let metrics_token = std::env::var("KEYRATE_METRICS_TOKEN").ok();
+        .or_else(|| std::env::var("KEYRATE_ADMIN_TOKEN").ok())
+        .filter(|t| !t.is_empty());
+    let metrics_token = std::env::var("KEYRATE_METRICS_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
     for (name, token) in [("admin", &admin_token), ("metrics", &metrics_token)] {
         if token.as_ref().is_some_and(|t| t.len() < MIN_TOKEN_LEN) {
             // A short token is guessed: refused, not quietly turned off.
