@@ -171,10 +171,6 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         &self.shards[((hash >> 32) as usize) % SHARDS]
     }
 
-    /// The words of the key's bucket at one instant, if it has one (past
-    /// its cell's, 0: full). Read under the shard's lock (and, for a
-    /// shared cell, by a read of it or under its lock: the one lock
-    /// order).
     /// The words of a key without a bucket, each the sweep's
     /// [`restart`](Pace::restart): read after a lookup under the key's
     /// shard lock found it absent.
@@ -182,6 +178,10 @@ impl<K: Hash + Eq, S: BuildHasher + Clone> Store<K, S> {
         [self.pace.restart(); MAX_QUOTAS]
     }
 
+    /// The words of the key's bucket at one instant, if it has one (past
+    /// its cell's, the sweep's [`restart`](Pace::restart), as for a key
+    /// without a bucket). Read under the shard's lock (and, for a shared
+    /// cell, by a read of it or under its lock: the one lock order).
     pub(crate) fn words<Q>(&self, key: &Q) -> Option<Words>
     where
         K: Borrow<Q>,

@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 /// length at a character boundary.
 pub const MAX_KEY_LABEL_LEN: usize = 64;
 
-/// The shortest secret a fingerprint takes, in bytes (as
-/// `KeySecret::MIN_LEN` for Redis's key names): a shorter one can be
+/// The shortest secret a fingerprint takes, in bytes (Redis's keyed bucket
+/// names take the same floor, `KeySecret::MIN_LEN`): a shorter one can be
 /// guessed, and with it every short key behind its label.
 pub const MIN_LABEL_SECRET_LEN: usize = 16;
 

@@ -202,8 +202,9 @@ pub(crate) struct Pace {
     /// Ghosts of the keys the sweep removed, to see them come back.
     pub(crate) ghosts: Ghosts,
     /// The latest word (`full_at`) of an entry removed by a sweep, by hand
-    /// or automatic, 0 before the first: where a key without an entry
-    /// starts (see the module docs). Raised under the removed entry's
+    /// or automatic, while the automatic sweep is on (the stores record
+    /// only then: one timeline), 0 before the first: where a key without
+    /// an entry starts (see the module docs). Raised under the removed entry's
     /// shard lock, before the removal is seen, and read under the lock of
     /// the shard that creates the key, so a creation that finds a key
     /// removed sees at least its word.
@@ -248,9 +249,10 @@ impl Pace {
     }
 
     /// Records the word of an entry being removed, under its shard's
-    /// write lock, before the entry leaves the map. A caller removing
-    /// several keeps the highest recorded so far (`recorded`) and calls
-    /// this only for a higher one.
+    /// write lock, before the entry leaves the map. `recorded` is the
+    /// highest word this caller has recorded (start it at
+    /// [`restart`](Self::restart)): a word at or below it is already
+    /// covered, and costs no write to the shared word.
     #[inline]
     pub(crate) fn removed(&self, word: Nanos, recorded: &mut Nanos) {
         #[cfg(loom)]

@@ -66,8 +66,10 @@ pub struct KeySecret {
 }
 
 impl KeySecret {
-    /// The fewest bytes a secret may have.
-    pub const MIN_LEN: usize = 16;
+    /// The fewest bytes a secret may have: the key labels' floor
+    /// ([`MIN_LABEL_SECRET_LEN`](crate::MIN_LABEL_SECRET_LEN)), for the
+    /// same reason.
+    pub const MIN_LEN: usize = crate::MIN_LABEL_SECRET_LEN;
 
     /// A secret from `secret`, at least [`MIN_LEN`](Self::MIN_LEN) bytes of
     /// randomness (a random string from your secret store; its length is
